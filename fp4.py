@@ -1,0 +1,638 @@
+"""
+fp4.py: the math of 4-bit training, in plain PyTorch (the reference; CPU and GPU).
+
+Read top to bottom:
+  1. element grids, scale kinds and block formats, as data
+  2. rounding to a grid (RTNE, stochastic), block scales, pack/unpack -> quantize / dequantize
+  3. the random Hadamard transform (RHT)
+  4. recipes: per GEMM (Fprop, Dgrad, Wgrad) which format, RHT, SR
+  5. the quantized linear layer (one autograd.Function with the three GEMMs), its grouped
+     (MoE expert) variant, and convert(model, recipe)
+  6. shrinkage diagnostics: attenuation alpha, SQNR, bucket use, per-bin bias
+
+Conventions used everywhere:
+  - blocks run along `dim`, the reduction dimension of the GEMM that consumes the tensor
+  - a 4-bit code is sign-magnitude: bit 3 = sign, bits 0-2 = index into the grid's magnitudes
+    (for e2m1 this is exactly the OCP E2M1 bit pattern). Two codes per byte: element 2i in the
+    low nibble, element 2i+1 in the high nibble (the OCP / NVIDIA order).
+  - block scales are stored as fp32 numbers whose values are exactly representable in their
+    scale kind (fp32, e4m3 or e8m0); dequantized value = grid value * block scale / tensor scale.
+  - a block holding NaN or Inf gets a NaN scale, so it dequantizes to NaN: non-finite inputs are
+    never turned into finite numbers (for e4m3 scales a non-finite tensor amax makes the whole
+    tensor NaN). An all-zero block gets scale 0 and dequantizes to zeros.
+"""
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# -----------------------------------------------------------------------------
+# 1. Formats as data
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    levels: tuple  # non-negative magnitudes, ascending, 8 of them (3 bits + sign)
+
+    @property
+    def qmax(self):
+        return self.levels[-1]
+
+GRIDS = {
+    # the non-uniform OCP FP4 grid: the gap above 2 and 4 is twice the gap below -> shrinkage
+    "e2m1": Grid("e2m1", (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)),
+    # UFP4's uniform grid: symmetric int4, never -8 (an asymmetric range biases the mean)
+    "int4": Grid("int4", (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0)),
+    # = int4 / 4: quantizes identically under a float block scale
+    "e1m2": Grid("e1m2", (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75)),
+}
+
+SCALE_KINDS = ("fp32", "e4m3", "e8m0")  # e4m3 comes with an fp32 per-tensor scale (NVFP4 math)
+E4M3_MAX = 448.0
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    grid: str         # key of GRIDS
+    block: int        # elements per block along the reduction dim
+    scale: str        # one of SCALE_KINDS
+    block_2d: bool = False  # square block x block tiles (NVIDIA's weights): same Q(W) for W and W^T
+
+    def __post_init__(self):
+        if self.grid not in GRIDS:
+            raise ValueError(f"unknown grid {self.grid!r}; valid grids: {sorted(GRIDS)}")
+        if self.scale not in SCALE_KINDS:
+            raise ValueError(f"unknown scale kind {self.scale!r}; valid: {list(SCALE_KINDS)}")
+        if self.block not in (16, 32):
+            raise ValueError(f"block must be 16 or 32, got {self.block}")
+
+FORMATS = {
+    "ufp4":   Format("ufp4",   "int4", 16, "fp32"),  # the UFP4 paper
+    "e2m1":   Format("e2m1",   "e2m1", 16, "fp32"),  # the paper's E2M1 baseline
+    "nvfp4":  Format("nvfp4",  "e2m1", 16, "e4m3"),  # NVIDIA
+    "mxfp4":  Format("mxfp4",  "e2m1", 32, "e8m0"),  # OCP MX v1.0
+    "nvint4": Format("nvint4", "int4", 16, "e4m3"),  # UFP4's grid with hardware-friendly scales
+    "mxint4": Format("mxint4", "int4", 32, "e8m0"),
+}
+
+def get_format(fmt):
+    """A Format from a Format, a name in FORMATS, or 'grid/block/scale' (e.g. 'e1m2/32/e4m3')."""
+    if isinstance(fmt, Format):
+        return fmt
+    if isinstance(fmt, str) and fmt in FORMATS:
+        return FORMATS[fmt]
+    if isinstance(fmt, str) and fmt.count("/") == 2:
+        grid, block, scale = fmt.split("/")
+        return Format(fmt, grid, int(block), scale)
+    raise ValueError(f"unknown format {fmt!r}; valid names: {sorted(FORMATS)}, "
+                     f"or 'grid/block/scale' with grid in {sorted(GRIDS)}, block 16 or 32, "
+                     f"scale in {list(SCALE_KINDS)}")
+
+# -----------------------------------------------------------------------------
+# 2. Rounding, block scales, packing
+
+def _levels(grid, device):
+    return torch.tensor(grid.levels, dtype=torch.float32, device=device)
+
+def _segments(grid):
+    """The grid as uniform pieces (start level, step, index of start): e2m1 is three of them."""
+    q, out = grid.levels, []
+    for i in range(len(q) - 1):
+        step = q[i + 1] - q[i]
+        if not out or out[-1][1] != step:
+            out.append((q[i], step, i))
+    return out
+
+def round_to_grid(t, grid, rounding="rtne", generator=None):
+    """|t| rounded to a grid magnitude (fp32); t is already divided by its block scale.
+    RTNE: nearest level, ties to the even index (= even mantissa for e2m1, even integer for int4);
+    saturates at qmax. SR: between neighbours lo <= |t| < hi round up with prob (|t|-lo)/(hi-lo)."""
+    a = t.abs().clamp_(max=grid.qmax)
+    segs = _segments(grid)
+    start, step = segs[0][0], segs[0][1]
+    if len(segs) > 1:   # piecewise uniform (e2m1): find each element's piece
+        start, step = torch.full_like(a, start), torch.full_like(a, step)
+        for s0, st, _ in segs[1:]:
+            inside = a >= s0
+            start.masked_fill_(inside, s0)
+            step.masked_fill_(inside, st)
+    k = (a - start).div_(step)    # exact: steps are powers of two, starts are levels
+    if rounding == "rtne":
+        k.round_()                # half to even; every piece starts at an even index
+    elif rounding == "sr":
+        u = torch.rand(a.shape, generator=generator, device=a.device)
+        lo = torch.floor(k)
+        k = lo.add_((u < k.sub_(lo)).float())
+    else:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: 'rtne', 'sr'")
+    return k.mul_(step).add_(start).clamp_(max=grid.qmax)
+
+def grid_index(mag, grid):
+    """Grid magnitudes -> their index 0..7 (the low 3 bits of a code)."""
+    return torch.searchsorted(_levels(grid, mag.device), mag.contiguous()).to(torch.uint8)
+
+def round_e4m3(x):
+    """fp32 -> nearest e4m3 value (ties to even), saturating at 448, returned as fp32."""
+    return x.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+
+def block_scales(amax, grid, scale_kind, tensor_scale=None):
+    """Per-block decode scale from the block amax (fp32). Returns the stored scale, in fp32."""
+    if scale_kind == "fp32":
+        return amax / grid.qmax
+    if scale_kind == "e4m3":  # NVFP4: e4m3(amax_b / qmax * s_enc)
+        return round_e4m3(amax / grid.qmax * tensor_scale)
+    if scale_kind == "e8m0":  # OCP MX: 2^(floor(log2 amax) - emax_elem), exact via frexp
+        emax_elem = math.floor(math.log2(grid.qmax))
+        _, e = torch.frexp(amax)                      # amax = m * 2^e, m in [0.5, 1)
+        scale = torch.ldexp(torch.ones_like(amax), (e - 1 - emax_elem).clamp(-127, 127))
+        return torch.where(amax > 0, scale, torch.zeros_like(amax))
+    raise ValueError(f"unknown scale kind {scale_kind!r}")
+
+def tensor_scale_for(x, fmt):
+    """NVFP4's fp32 per-tensor encode scale s_enc = qmax * 448 / amax(x) (1 when x is all zero)."""
+    amax = x.abs().amax().float()
+    s_enc = GRIDS[fmt.grid].qmax * E4M3_MAX / amax
+    return torch.where(amax == 0, torch.ones_like(s_enc), s_enc)
+
+def pack_codes(codes):
+    """uint8 codes in 0..15, last dim even -> bytes: element 2i low nibble, 2i+1 high nibble."""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+
+def unpack_codes(packed):
+    lo, hi = packed & 0xF, packed >> 4
+    return torch.stack((lo, hi), dim=-1).flatten(-2)
+
+@dataclass
+class QTensor:
+    """A quantized tensor. `codes` and `scales` are laid out with the blocked dim moved last:
+    codes [..., K // 2] uint8, scales [..., K // block] fp32 (for block_2d: [R // block, K // block])."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+    tensor_scale: torch.Tensor | None  # s_enc for e4m3 scales, else None
+    fmt: Format
+    shape: tuple    # original shape
+    dtype: torch.dtype
+    dim: int        # blocked dim of the original tensor (non-negative)
+    rht: int | None  # RHT size applied before quantizing (values stay in the rotated basis)
+
+def _check_blockable(x, fmt, dim, rht):
+    K = x.shape[dim]
+    for n, what in ((fmt.block, f"block size of format {fmt.name!r}"), (rht or 1, "RHT size")):
+        if K % n != 0:
+            raise ValueError(f"dim {dim} of a tensor of shape {tuple(x.shape)} has length {K}, "
+                             f"not a multiple of the {what} ({n}); pad it or pick sizes that fit")
+    if fmt.block_2d and (x.dim() != 2 or x.shape[1 - dim] % fmt.block != 0):
+        raise ValueError(f"2D blocks need a 2D tensor with both dims multiples of {fmt.block}, "
+                         f"got shape {tuple(x.shape)}")
+
+def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
+    """The shared core: x -> (signed grid values in blocked layout, block scales, s_enc)."""
+    grid = GRIDS[fmt.grid]
+    xt = x.float().movedim(dim, -1)
+    if rht:
+        xt = rht_transform(xt, rht)
+    blocks = _blocked(xt, fmt)                      # [..., n_blocks, block] or 2D tiles
+    red = (1, 3) if fmt.block_2d else (-1,)
+    amax = blocks.abs().amax(dim=red, keepdim=True)
+    s_enc = tensor_scale_for(xt, fmt) if fmt.scale == "e4m3" else None
+    scales = block_scales(amax, grid, fmt.scale, s_enc)
+    # a block with NaN or Inf gets a NaN scale (amax propagates NaN): non-finite stays non-finite
+    scales = torch.where(amax.isfinite(), scales, torch.full_like(scales, float("nan")))
+    scaled = blocks * s_enc / scales if s_enc is not None else blocks / scales
+    scaled = scaled.masked_fill_(~(scales > 0), 0.0)  # zero blocks and NaN scales: no NaN codes
+    gen = None
+    if rounding == "sr" and seed is not None:
+        gen = torch.Generator(device=x.device).manual_seed(int(seed))
+    values = round_to_grid(scaled, grid, rounding, gen).copysign_(scaled)
+    return xt.shape, values, scales, s_enc
+
+def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
+    """Quantize x to a block-scaled 4-bit format along `dim`. rht: None or the RHT size (16...);
+    seed: makes stochastic rounding reproducible (None draws from torch's global generator)."""
+    fmt = get_format(fmt)
+    dim = dim % x.dim()
+    _check_blockable(x, fmt, dim, rht)
+    if _use_triton(x):
+        import kernels
+        return kernels.quantize(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed)
+    shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
+    codes = grid_index(values.abs(), GRIDS[fmt.grid]) | (torch.signbit(values).to(torch.uint8) << 3)
+    scales = scales.squeeze((1, 3)) if fmt.block_2d else scales.squeeze(-1)
+    return QTensor(pack_codes(codes.reshape(shape)), scales, s_enc, fmt, tuple(x.shape), x.dtype,
+                   dim, rht)
+
+def _blocked(t, fmt):
+    """View with the blocks as their own axes: [..., K/b, b], or [R/b, b, K/b, b] for 2D tiles."""
+    K, b = t.shape[-1], fmt.block
+    if fmt.block_2d:
+        return t.reshape(t.shape[0] // b, b, K // b, b)
+    return t.reshape(*t.shape[:-1], K // b, b)
+
+def dequantize(q, dtype=None):
+    """QTensor -> tensor of the original shape (in the RHT basis if q.rht), in q.dtype or `dtype`."""
+    codes = unpack_codes(q.codes).long()
+    mag = _levels(GRIDS[q.fmt.grid], codes.device)[codes & 7]
+    vals = _blocked(torch.where(codes >= 8, -mag, mag), q.fmt)
+    scales = q.scales[:, None, :, None] if q.fmt.block_2d else q.scales[..., None]
+    out = (vals * scales).reshape(codes.shape)
+    if q.tensor_scale is not None:
+        out = out / q.tensor_scale
+    return out.movedim(-1, q.dim).to(dtype or q.dtype)
+
+def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None):
+    """dequantize(quantize(x, ...)), bit for bit, without packing: x as the 4-bit GEMM sees it."""
+    fmt = get_format(fmt)
+    dim = dim % x.dim()
+    _check_blockable(x, fmt, dim, rht)
+    if _use_triton(x):
+        import kernels
+        return kernels.fake_quant(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, dtype=dtype)
+    shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
+    out = values.mul_(scales).reshape(shape)
+    if s_enc is not None:
+        out = out / s_enc
+    return out.movedim(-1, dim).to(dtype or x.dtype)
+
+# -----------------------------------------------------------------------------
+# 3. Random Hadamard transform: Q = diag(s) H_n / sqrt(n), applied to n-chunks along a dim
+
+RHT_SEED = 20260616
+RHT_SIZES = (16, 32, 64, 128)
+
+def rht_signs(n, device=None):
+    g = torch.Generator().manual_seed(RHT_SEED + n)
+    return (torch.randint(0, 2, (n,), generator=g) * 2 - 1).float().to(device)
+
+def rht_matrix(n, device=None):
+    """The n x n orthogonal matrix Q = diag(s) H_n / sqrt(n) (Sylvester H_n)."""
+    H = torch.ones(1, 1)
+    while H.shape[0] < n:
+        H = torch.cat((torch.cat((H, H), 1), torch.cat((H, -H), 1)), 0)
+    return (rht_signs(n)[:, None] * H / math.sqrt(n)).to(device)
+
+def rht_transform(x, n=16, dim=-1):
+    """x Q on n-chunks along dim, in fp32. A butterfly (fast Walsh-Hadamard) rather than a
+    matmul, so that every implementation that adds in the same order gets the same bits."""
+    if n not in RHT_SIZES:
+        raise ValueError(f"RHT size must be one of {RHT_SIZES}, got {n}")
+    x = x.float().movedim(dim, -1)
+    shape = x.shape
+    if shape[-1] % n:
+        raise ValueError(f"length {shape[-1]} is not a multiple of the RHT size {n}")
+    y = (x.reshape(-1, n) * rht_signs(n, x.device))
+    h = 1
+    while h < n:
+        y = y.view(-1, n // (2 * h), 2, h)
+        a, b = y[:, :, 0], y[:, :, 1]
+        y = torch.stack((a + b, a - b), dim=2)
+        h *= 2
+    y = y.reshape(shape) * (1.0 / math.sqrt(n))
+    return y.movedim(-1, dim)
+
+# -----------------------------------------------------------------------------
+# 4. Recipes: which format, RHT and SR for each of the three GEMMs of a linear layer
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM's quantization. Operand a is x (Fprop) or dy (Dgrad, Wgrad); b is W (Fprop,
+    Dgrad) or x (Wgrad). fmt None keeps this GEMM in high precision."""
+    fmt: str | None = None
+    rht: bool = False
+    sr_a: bool = False
+    sr_b: bool = False
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    fprop: Gemm = Gemm()
+    dgrad: Gemm = Gemm()
+    wgrad: Gemm = Gemm()
+    rht_size: int = 16
+    weight_2d: bool = False        # 16x16 weight tiles: forward and backward see the same Q(W)
+    bf16_first: int = 0            # keep the first N transformer blocks in bf16
+    bf16_last: int = 0             # ... and the last N
+    bf16_last_fraction: float = 0.0  # ... or the last fraction of them (NVIDIA keeps ~15 %)
+
+    @property
+    def quantized(self):
+        return any(g.fmt for g in (self.fprop, self.dgrad, self.wgrad))
+
+    def bf16_blocks(self, n_layer):
+        """Indices of transformer blocks that stay in bf16 under this recipe."""
+        last = max(self.bf16_last, math.ceil(self.bf16_last_fraction * n_layer - 1e-9))
+        return set(range(min(self.bf16_first, n_layer))) | set(range(max(n_layer - last, 0), n_layer))
+
+def _preset(name, fmt, rht_on, weight_2d=False, bf16_last_fraction=0.0):
+    gemm = lambda which, sr_dy: Gemm(fmt, which in rht_on, sr_a=sr_dy)
+    return Recipe(name, gemm("fprop", False), gemm("dgrad", True), gemm("wgrad", True),
+                  weight_2d=weight_2d, bf16_last_fraction=bf16_last_fraction)
+
+RECIPES = {
+    "bf16": Recipe("bf16"),
+    "ufp4": _preset("ufp4", "ufp4", ("fprop", "dgrad", "wgrad")),   # uniform grid: RHT everywhere
+    "e2m1": _preset("e2m1", "e2m1", ("wgrad",)),
+    "nvfp4": _preset("nvfp4", "nvfp4", ("wgrad",), weight_2d=True, bf16_last_fraction=0.15),
+    "mxfp4": _preset("mxfp4", "mxfp4", ("wgrad",)),
+}
+GEMMS = ("fprop", "dgrad", "wgrad")
+
+def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
+                bf16_first=None, bf16_last=None):
+    """A preset, with ablation overrides (None keeps the preset's choice):
+    fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
+    comma list of GEMMs ('fprop,wgrad'); sr_dy: stochastic rounding on dy in Dgrad and Wgrad."""
+    if isinstance(name, Recipe):
+        r = name
+    elif name in RECIPES:
+        r = RECIPES[name]
+    else:
+        raise ValueError(f"unknown recipe {name!r}; valid recipes: {sorted(RECIPES)}")
+    gemms = {g: getattr(r, g) for g in GEMMS}
+    if fmt is not None:
+        fmt = get_format(fmt).name if fmt not in ("bf16", "none", "") else None
+        gemms = {g: replace(v, fmt=fmt) for g, v in gemms.items()}
+    if rht is not None:
+        on = {"all": GEMMS, "none": (), "": ()}.get(rht, tuple(s.strip() for s in rht.split(",")))
+        bad = [g for g in on if g not in GEMMS]
+        if bad:
+            raise ValueError(f"rht={rht!r}: unknown GEMM(s) {bad}; use 'all', 'none' or a comma "
+                             f"list of {list(GEMMS)}")
+        gemms = {g: replace(v, rht=g in on) for g, v in gemms.items()}
+    if sr_dy is not None:
+        gemms["dgrad"] = replace(gemms["dgrad"], sr_a=bool(sr_dy))
+        gemms["wgrad"] = replace(gemms["wgrad"], sr_a=bool(sr_dy))
+    if rht_size is not None and rht_size not in RHT_SIZES:
+        raise ValueError(f"rht_size must be one of {RHT_SIZES}, got {rht_size}")
+    changes = dict(gemms)
+    for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
+                     bf16_last=bf16_last).items():
+        if v is not None:
+            changes[k] = v
+    if bf16_last is not None:
+        changes["bf16_last_fraction"] = 0.0
+    out = replace(r, **changes)
+    if out != r:
+        out = replace(out, name=r.name + "*")  # mark a modified preset in logs
+    return out
+
+def check_dims(recipe, *dims):
+    """Raise early, with the fix, if a layer dimension cannot be blocked under the recipe."""
+    need = 1
+    for g in (recipe.fprop, recipe.dgrad, recipe.wgrad):
+        if g.fmt:
+            need = math.lcm(need, get_format(g.fmt).block, recipe.rht_size if g.rht else 1)
+    for d in dims:
+        if d % need:
+            raise ValueError(f"recipe {recipe.name!r} quantizes in blocks of {need} (format block "
+                             f"and RHT size); dimension {d} is not a multiple: choose model widths "
+                             f"that are multiples of {need}")
+
+# -----------------------------------------------------------------------------
+# 5. The quantized linear layer
+
+BACKEND = "auto"  # "torch" (this file), "triton" (kernels.py on CUDA), "auto": triton on CUDA
+
+def set_backend(name):
+    global BACKEND
+    if name not in ("auto", "torch", "triton"):
+        raise ValueError(f"unknown backend {name!r}; valid: 'auto', 'torch', 'triton'")
+    BACKEND = name
+
+def _use_triton(x):
+    """The one dispatch point between this reference and kernels.py."""
+    if BACKEND == "torch" or not x.is_cuda:
+        return False
+    try:
+        import kernels  # noqa: F401
+    except ImportError:
+        if BACKEND == "triton":
+            raise
+        return False
+    return getattr(kernels, "AVAILABLE", False) or BACKEND == "triton"
+
+def _operand(t, gemm, recipe, dim, sr, seed, weight=False, dtype=torch.float32):
+    """One GEMM operand as the GEMM sees it: fake-quantized along its reduction dim, or as is."""
+    if not gemm.fmt:
+        return t.to(dtype)
+    fmt = get_format(gemm.fmt)
+    if weight and recipe.weight_2d:
+        fmt = replace(fmt, block_2d=True)
+    return fake_quant(t, fmt, dim=dim, rounding="sr" if sr else "rtne",
+                      rht=recipe.rht_size if gemm.rht else None, seed=seed, dtype=dtype)
+
+def _pad_rows(t, multiple):
+    """Zero rows appended to reach a multiple of the block: they add nothing to dW = dy^T x."""
+    pad = -t.shape[0] % multiple
+    return F.pad(t, (0, 0, 0, pad)) if pad else t
+
+def _wgrad_block(recipe):
+    g = recipe.wgrad
+    return math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
+
+class FP4LinearFunction(torch.autograd.Function):
+    """y = x W^T with each of the three GEMMs quantized per the recipe (straight-through).
+    x: [T, in] (2D), W: [out, in]. GEMM math in `dtype` (fp32 on CPU, bf16 under autocast)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, recipe, seed, dtype):
+        f = recipe.fprop
+        xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype)
+        wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype)
+        ctx.save_for_backward(x, weight)
+        ctx.recipe, ctx.seed, ctx.dtype = recipe, seed, dtype
+        return xq @ wq.t()
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        recipe, seed, dtype = ctx.recipe, ctx.seed, ctx.dtype
+        dx = dw = None
+        if ctx.needs_input_grad[0]:   # Dgrad: dx = Q(dy) Q(W), reduction over `out`
+            d = recipe.dgrad
+            dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype)
+            wq = _operand(weight, d, recipe, 0, d.sr_b, seed + 3, weight=True, dtype=dtype)
+            dx = (dyq @ wq).to(x.dtype)
+        if ctx.needs_input_grad[1]:   # Wgrad: dW = Q(dy)^T Q(x), reduction over tokens, in fp32
+            g = recipe.wgrad
+            blk = _wgrad_block(recipe)
+            dyq = _operand(_pad_rows(dy, blk), g, recipe, 0, g.sr_a, seed + 4, dtype=torch.float32)
+            xq = _operand(_pad_rows(x, blk), g, recipe, 0, g.sr_b, seed + 5, dtype=torch.float32)
+            dw = (dyq.t() @ xq).to(weight.dtype)
+        return dx, dw, None, None, None
+
+def _sr_seed(recipe):
+    """A fresh seed per call from torch's CPU generator: reproducible under torch.manual_seed,
+    saved with the RNG state in checkpoints, and no GPU sync."""
+    return int(torch.randint(0, 2**31 - 8, (1,)).item()) if any(
+        g.sr_a or g.sr_b for g in (recipe.fprop, recipe.dgrad, recipe.wgrad)) else 0
+
+def _compute_dtype(x):
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+
+class FP4Linear(nn.Linear):
+    """Drop-in nn.Linear whose three GEMMs are quantized per `recipe` (bf16: exactly nn.Linear)."""
+
+    def __init__(self, in_features, out_features, bias=True, recipe="bf16", device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.recipe = make_recipe(recipe)
+        check_dims(self.recipe, in_features, out_features)
+
+    def forward(self, x):
+        if not self.recipe.quantized:
+            return F.linear(x, self.weight, self.bias)
+        dtype = _compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            y = FP4LinearFunction.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe,
+                                        _sr_seed(self.recipe), dtype)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y + self.bias.to(y.dtype) if self.bias is not None else y
+
+    def extra_repr(self):
+        return super().extra_repr() + f", recipe={self.recipe.name}"
+
+class FP4GroupedFunction(torch.autograd.Function):
+    """MoE experts: rows of x sorted by expert, group e (counts[e] rows) uses weight[e].
+    Each expert's Wgrad blocks cover only its own tokens: each group is padded to the block."""
+
+    @staticmethod
+    def forward(ctx, x, weight, counts, recipe, seed, dtype):
+        ctx.save_for_backward(x, weight)
+        ctx.counts, ctx.recipe, ctx.seed, ctx.dtype = counts, recipe, seed, dtype
+        f = recipe.fprop
+        out = x.new_empty(x.shape[0], weight.shape[1], dtype=dtype)
+        for e, (xe, rows) in enumerate(_groups(x, counts)):
+            xq = _operand(xe, f, recipe, -1, f.sr_a, seed + 6 * e, dtype=dtype)
+            wq = _operand(weight[e], f, recipe, -1, f.sr_b, seed + 6 * e + 1, weight=True, dtype=dtype)
+            out[rows] = xq @ wq.t()
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        recipe, seed, dtype = ctx.recipe, ctx.seed, ctx.dtype
+        dx = torch.zeros_like(x)
+        dw = torch.zeros_like(weight)
+        d, g, blk = recipe.dgrad, recipe.wgrad, _wgrad_block(recipe)
+        for e, (xe, rows) in enumerate(_groups(x, ctx.counts)):
+            if xe.shape[0] == 0:
+                continue
+            dye, s = dy[rows], seed + 6 * e
+            dyq = _operand(dye, d, recipe, -1, d.sr_a, s + 2, dtype=dtype)
+            wq = _operand(weight[e], d, recipe, 0, d.sr_b, s + 3, weight=True, dtype=dtype)
+            dx[rows] = (dyq @ wq).to(x.dtype)
+            dyq = _operand(_pad_rows(dye, blk), g, recipe, 0, g.sr_a, s + 4, dtype=torch.float32)
+            xq = _operand(_pad_rows(xe, blk), g, recipe, 0, g.sr_b, s + 5, dtype=torch.float32)
+            dw[e] = (dyq.t() @ xq).to(weight.dtype)
+        return dx, dw, None, None, None, None
+
+def _groups(x, counts):
+    start = 0
+    for c in counts:
+        yield x[start:start + c], slice(start, start + c)
+        start += c
+
+class GroupedLinear(nn.Module):
+    """num_groups independent linears (no bias) applied to row groups: the MoE experts.
+    forward(x [N, in] sorted by group, counts: list of N_e) -> [N, out]."""
+
+    def __init__(self, num_groups, in_features, out_features, recipe="bf16", device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(num_groups, out_features, in_features,
+                                               device=device, dtype=dtype))
+        nn.init.normal_(self.weight, std=in_features ** -0.5)
+        self.recipe = make_recipe(recipe)
+        check_dims(self.recipe, in_features, out_features)
+
+    def forward(self, x, counts):
+        counts = [int(c) for c in counts]
+        assert sum(counts) == x.shape[0], "counts must add up to the number of rows"
+        if not self.recipe.quantized:
+            return torch.cat([xe @ self.weight[e].to(xe.dtype).t()
+                              for e, (xe, _) in enumerate(_groups(x, counts))]) if x.shape[0] else \
+                x.new_empty(0, self.out_features)
+        dtype = _compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return FP4GroupedFunction.apply(x, self.weight, counts, self.recipe,
+                                            _sr_seed(self.recipe), dtype)
+
+    def extra_repr(self):
+        g, o, i = self.weight.shape
+        return f"groups={g}, in_features={i}, out_features={o}, recipe={self.recipe.name}"
+
+def convert(model, recipe, blocks_attr="blocks", keep=("router",)):
+    """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
+    GroupedLinears), except blocks the recipe keeps in bf16 and modules whose name ends with a
+    name in `keep` (the MoE router). Parameters are shared, not copied. Returns the model."""
+    recipe = make_recipe(recipe)
+    blocks = getattr(model, blocks_attr)
+    bf16 = recipe.bf16_blocks(len(blocks))
+    for i, block in enumerate(blocks):
+        r = RECIPES["bf16"] if i in bf16 else recipe
+        for name, mod in list(block.named_modules()):
+            if not name or name.split(".")[-1] in keep:
+                continue
+            if isinstance(mod, GroupedLinear):
+                check_dims(r, mod.in_features, mod.out_features)
+                mod.recipe = r
+            elif isinstance(mod, nn.Linear):
+                check_dims(r, mod.in_features, mod.out_features)
+                new = FP4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
+                                recipe=r, device="meta")
+                new.weight = mod.weight
+                if mod.bias is not None:
+                    new.bias = mod.bias
+                parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
+                setattr(parent, name.split(".")[-1], new)
+    return model
+
+# -----------------------------------------------------------------------------
+# 6. Shrinkage diagnostics
+
+def attenuation(x, xq):
+    """alpha = <Q(A), A> / ||A||^2: how much of the coherent signal survives quantization."""
+    x, xq = x.double(), xq.double()
+    return ((xq * x).sum() / (x * x).sum()).item()
+
+def sqnr_db(x, xq):
+    x, xq = x.double(), xq.double()
+    return (10 * torch.log10((x * x).sum() / ((xq - x) ** 2).sum())).item()
+
+def bucket_use(x, fmt, dim=-1, rht=None):
+    """B_eff = exp(entropy of the 16-code histogram) / 16: how evenly the codes are used."""
+    q = quantize(x, fmt, dim=dim, rht=rht)
+    hist = torch.bincount(unpack_codes(q.codes).flatten().long(), minlength=16).double()
+    p = hist[hist > 0] / hist.sum()
+    return (torch.exp(-(p * p.log()).sum()) / 16).item()
+
+def bin_bias(grid):
+    """Analytic per-level conditional bias of RTNE under a locally uniform density:
+    (2 q_i - q_{i-1} - q_{i+1}) / 4 for interior levels (negative = toward zero)."""
+    q = GRIDS[grid].levels if isinstance(grid, str) else grid.levels
+    return {q[i]: (2 * q[i] - q[i - 1] - q[i + 1]) / 4 for i in range(1, len(q) - 1)}
+
+def shrinkage_report(x, fmt, dim=-1, rht=None):
+    """alpha, SQNR and B_eff of one tensor under one format (in the RHT basis when rht is set)."""
+    ref = rht_transform(x, rht, dim) if rht else x.float()
+    xq = fake_quant(x, fmt, dim=dim, rht=rht, dtype=torch.float32)
+    return dict(alpha=attenuation(ref, xq), sqnr_db=sqnr_db(ref, xq),
+                b_eff=bucket_use(x, fmt, dim=dim, rht=rht))
+
+if __name__ == "__main__":
+    print("per-level RTNE bias (locally uniform density), in grid units:")
+    for g in GRIDS:
+        print(f"  {g:5s} " + "  ".join(f"{q:g}:{b:+.3f}" for q, b in bin_bias(g).items()))
+    torch.manual_seed(0)
+    data = {"gaussian": torch.randn(1024, 4096),
+            "student-t(3)": torch.distributions.StudentT(3.0).sample((1024, 4096))}
+    print(f"\n{'data':14s} {'format':7s} {'rht':>4s} {'alpha':>8s} {'SQNR dB':>8s} {'B_eff':>6s}")
+    for dname, x in data.items():
+        for fname in FORMATS:
+            for rht in (None, 16):
+                r = shrinkage_report(x, fname, rht=rht)
+                print(f"{dname:14s} {fname:7s} {str(rht or '-'):>4s} {r['alpha']:8.4f} "
+                      f"{r['sqnr_db']:8.2f} {r['b_eff']:6.3f}")
