@@ -1,0 +1,384 @@
+"""
+model.py: a GPT (dense or mixture-of-experts) for FP4 training research, nanoGPT style.
+
+The model knows nothing of 4-bit formats. Every linear inside `blocks` is a plain nn.Linear and
+the MoE experts are fp4.GroupedLinear modules; train.py calls fp4.convert(model, recipe), which
+swaps the linears for FP4Linear in place and sets the recipe of the experts. What stays in high
+precision by construction: embeddings, norms, attention softmax/BMMs, the router (a module named
+`router`, which convert skips; its logits are computed in fp32) and lm_head (outside `blocks`).
+
+Read top to bottom: config -> norms and RoPE -> attention -> dense MLP -> MoE -> block -> GPT.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fp4
+
+# -----------------------------------------------------------------------------
+# Config
+
+def _round_up(n, multiple=64):
+    return (n + multiple - 1) // multiple * multiple
+
+@dataclass
+class GPTConfig:
+    block_size: int = 256
+    vocab_size: int = 50304   # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = False
+    mlp: str = "swiglu"       # "swiglu" | "gelu"
+    norm: str = "rmsnorm"     # "rmsnorm" | "layernorm"
+    pos_emb: str = "rope"     # "rope" | "learned"
+    rope_theta: float = 10000.0
+    mlp_hidden: int = 0       # 0 = auto: 4*n_embd (gelu), 8/3*n_embd rounded up to 64 (swiglu)
+    tie_embeddings: bool = False
+    # mixture of experts (n_expert = 0: dense model)
+    n_expert: int = 0
+    top_k: int = 2
+    expert_hidden: int = 0    # 0 = auto: hidden // top_k rounded up to 64 (fine-grained experts)
+    n_shared_expert: int = 0  # dense experts of expert_hidden each, seen by every token
+    moe_dense_layers: int = 0  # the first k blocks keep a dense MLP
+    router: str = "softmax"   # "softmax" (top-k of softmax, renormalized) | "sigmoid" (aux-free bias)
+    aux_loss_weight: float = 0.01   # switch-style load balancing: E * sum_e f_e * P_e
+    z_loss_weight: float = 0.001    # mean logsumexp(router logits)^2
+    router_bias_rate: float = 0.001  # step of the aux-loss-free bias update (sigmoid router)
+
+    def __post_init__(self):
+        choices = dict(mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"),
+                       pos_emb=("rope", "learned"), router=("softmax", "sigmoid"))
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name}={getattr(self, name)!r}; valid: {list(valid)}")
+        if min(self.block_size, self.vocab_size, self.n_layer, self.n_head, self.n_embd) <= 0:
+            raise ValueError("block_size, vocab_size, n_layer, n_head, n_embd must be positive")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+        if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"RoPE needs an even head size, got {self.n_embd // self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if min(self.mlp_hidden, self.expert_hidden, self.n_expert, self.n_shared_expert,
+               self.moe_dense_layers) < 0:
+            raise ValueError("mlp_hidden, expert_hidden, n_expert, n_shared_expert and "
+                             "moe_dense_layers must be >= 0")
+        if self.n_expert and not 1 <= self.top_k <= self.n_expert:
+            raise ValueError(f"top_k={self.top_k} must be in [1, n_expert={self.n_expert}]")
+        if self.n_expert and self.moe_dense_layers >= self.n_layer:
+            raise ValueError(f"moe_dense_layers={self.moe_dense_layers} leaves no MoE block "
+                             f"among n_layer={self.n_layer}; use n_expert=0 for a dense model")
+
+    # the auto sizes are resolved here, not stored, so dataclasses.replace(cfg, mlp=...) stays right
+    @property
+    def hidden(self):
+        if self.mlp_hidden:
+            return self.mlp_hidden
+        return 4 * self.n_embd if self.mlp == "gelu" else _round_up(8 * self.n_embd // 3)
+
+    @property
+    def expert_size(self):
+        return self.expert_hidden or _round_up(self.hidden // self.top_k)
+
+# -----------------------------------------------------------------------------
+# Norms and rotary position embeddings
+
+def make_norm(config):
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+def rope_tables(head_dim, length, theta=10000.0):
+    """cos and sin of position * frequency, [length, head_dim // 2], fp32."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+def apply_rope(x, cos, sin):
+    """Rotate the pairs (i, i + head_dim/2) of x [B, n_head, T, head_dim] by position."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+# -----------------------------------------------------------------------------
+# Attention (softmax and BMMs stay in high precision; qkv and proj are quantized by convert)
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.dropout = config.n_head, config.dropout
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, rope=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+
+# -----------------------------------------------------------------------------
+# Dense MLP: SwiGLU (fc1 = gate and up fused) or GELU. fc2's input is the activation output,
+# the outlier-heavy tensor the shrinkage diagnostics care about.
+
+def activate(h, mlp):
+    if mlp == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return F.gelu(h)
+
+class MLP(nn.Module):
+    def __init__(self, config, hidden):
+        super().__init__()
+        self.kind = config.mlp
+        fan_out = 2 * hidden if config.mlp == "swiglu" else hidden
+        self.fc1 = nn.Linear(config.n_embd, fan_out, bias=config.bias)
+        self.fc2 = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.drop(self.fc2(activate(self.fc1(x), self.kind)))
+
+# -----------------------------------------------------------------------------
+# Mixture of experts, dropless: every token reaches all of its top-k experts.
+
+class MoE(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        E, h, d = config.n_expert, config.expert_size, config.n_embd
+        self.n_expert, self.top_k, self.kind = E, config.top_k, config.mlp
+        self.router_kind = config.router
+        self.router = nn.Linear(d, E, bias=False)  # the name `router` keeps it out of fp4.convert
+        # experts as grouped linears, weights [E, out, in]; SwiGLU gate and up fused in w_in
+        self.w_in = fp4.GroupedLinear(E, d, 2 * h if config.mlp == "swiglu" else h)
+        self.w_down = fp4.GroupedLinear(E, h, d)
+        self.shared = MLP(config, config.n_shared_expert * h) if config.n_shared_expert else None
+        self.drop = nn.Dropout(config.dropout)
+        # aux-loss-free balancing (sigmoid router): a per-expert bias used only to pick the top-k.
+        # Persistent: a resumed run keeps its balance.
+        self.register_buffer("router_bias", torch.zeros(E))
+        # tokens per expert since the last update_router_bias. A plain attribute, not a buffer:
+        # DDP would otherwise overwrite every rank's counts with rank 0's at each forward.
+        self.load = None
+        self.stats = {}
+
+    def route(self, x):
+        """x [N, d] -> (expert ids [N, k], gates [N, k] fp32, router logits [N, E] fp32, P [N, E]:
+        the per-token probabilities the balancing loss uses)."""
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float())
+        if self.router_kind == "softmax":
+            probs = logits.softmax(dim=-1)
+            gates, idx = probs.topk(self.top_k, dim=-1)
+        else:  # sigmoid scores; the bias shifts which experts win but never the gate values
+            probs = torch.sigmoid(logits)
+            idx = (probs + self.router_bias).topk(self.top_k, dim=-1).indices
+            gates = probs.gather(1, idx)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        return idx, gates / gates.sum(dim=-1, keepdim=True), logits, probs
+
+    def experts(self, x_sorted, counts):
+        """The expert MLPs on rows sorted by expert. counts: a list of ints (the one host sync).
+        On CUDA a torch._grouped_mm path would live in fp4.GroupedLinear, taking device offsets."""
+        return self.w_down(activate(self.w_in(x_sorted, counts), self.kind), counts)
+
+    def forward(self, x):
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
+        N, E, k = x.shape[0], self.n_expert, self.top_k
+        idx, gates, logits, probs = self.route(x)
+        # sort the N*k (token, expert) pairs by expert; stable keeps tokens in order inside a group
+        flat = idx.flatten()
+        order = flat.argsort(stable=True)
+        token = order // k
+        counts = torch.bincount(flat, minlength=E)
+        y = self.experts(x[token], counts.tolist())
+        y = y.float() * gates.flatten()[order, None]
+        out = torch.zeros(N, x.shape[1], dtype=torch.float32, device=x.device).index_add(0, token, y)
+        out = out.to(x.dtype)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        # per-forward stats, kept on the device: no sync to log them
+        load = counts.float() / (N * k)                       # f_e, sums to 1
+        self.stats = dict(aux_loss=E * (load * probs.mean(dim=0)).sum(),
+                          z_loss=torch.logsumexp(logits, dim=-1).pow(2).mean(),
+                          counts=counts.detach())
+        if self.training and self.router_kind == "sigmoid":
+            with torch.no_grad():
+                if self.load is None or self.load.device != counts.device:
+                    self.load = torch.zeros(E, device=counts.device)
+                self.load += counts
+        return self.drop(out).view(shape)
+
+# -----------------------------------------------------------------------------
+# Transformer block and the GPT
+
+class Block(nn.Module):
+    def __init__(self, config, moe):
+        super().__init__()
+        self.norm1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.norm2 = make_norm(config)
+        self.mlp = MoE(config) if moe else MLP(config, config.hidden)
+
+    def forward(self, x, rope=None):
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        c = config
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos_emb == "learned" else None
+        self.drop = nn.Dropout(c.dropout)
+        # the attribute name `blocks` is what fp4.convert looks for
+        self.blocks = nn.ModuleList(Block(c, moe=c.n_expert > 0 and i >= c.moe_dense_layers)
+                                    for i in range(c.n_layer))
+        self.norm_f = make_norm(c)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)  # high precision, outside blocks
+        if c.tie_embeddings:
+            self.wte.weight = self.lm_head.weight
+        if c.pos_emb == "rope":
+            cos, sin = rope_tables(c.n_embd // c.n_head, c.block_size, c.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self._ce_loss = None
+        self.apply(self._init_weights)
+        # scaled init of the projections that write into the residual stream (GPT-2)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.proj.weight", "fc2.weight", "w_down.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding, fp4.GroupedLinear)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    @property
+    def moe_layers(self):
+        return [b.mlp for b in self.blocks if isinstance(b.mlp, MoE)]
+
+    def forward(self, idx, targets=None, full_logits=False):
+        """-> (logits, loss). Without targets: logits of the last position only [B, 1, V] (all
+        positions with full_logits=True) and loss None. With targets: logits [B, T, V] and the
+        cross-entropy (targets -1 are ignored), plus, in training mode only, the weighted MoE aux
+        and z losses (averaged over MoE layers): eval losses stay comparable with dense models."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        x = self.drop(x)
+        rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.config.pos_emb == "rope" else None
+        for block in self.blocks:
+            x = block(x, rope)
+        x = self.norm_f(x)
+        if targets is None:
+            return self.lm_head(x if full_logits else x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1),
+                               ignore_index=-1)
+        self._ce_loss = loss.detach()
+        moes = self.moe_layers
+        if moes and self.training:
+            aux = torch.stack([m.stats["aux_loss"] for m in moes]).mean()
+            z = torch.stack([m.stats["z_loss"] for m in moes]).mean()
+            loss = loss + self.config.aux_loss_weight * aux + self.config.z_loss_weight * z
+        return logits, loss
+
+    def moe_stats(self):
+        """Stats of the last forward as device tensors (no sync): aux_loss and z_loss (means over
+        MoE layers, unweighted), ce_loss (if that forward had targets), expert_load
+        [n_moe_layers, E] (fractions of the token-expert pairs, rows sum to 1) and expert_counts
+        [n_moe_layers, E] (tokens per expert; rows sum to tokens * top_k). {} for a dense model."""
+        moes = [m for m in self.moe_layers if m.stats]
+        if not moes:
+            return {}
+        counts = torch.stack([m.stats["counts"] for m in moes])
+        out = dict(aux_loss=torch.stack([m.stats["aux_loss"].detach() for m in moes]).mean(),
+                   z_loss=torch.stack([m.stats["z_loss"].detach() for m in moes]).mean(),
+                   expert_load=counts.float() / counts.sum(dim=1, keepdim=True),
+                   expert_counts=counts)
+        if self._ce_loss is not None:
+            out["ce_loss"] = self._ce_loss
+        return out
+
+    @torch.no_grad()
+    def update_router_bias(self, all_reduce=None):
+        """Aux-loss-free balancing step for sigmoid routers (DeepSeek-V3): bias_e += rate *
+        sign(mean load - load_e) over the tokens seen since the last call, then reset the counts.
+        Call after every optimizer step. all_reduce: an in-place sum over ranks (e.g.
+        torch.distributed.all_reduce) so every rank applies the same update; one call for all layers."""
+        moes = [m for m in self.moe_layers if m.router_kind == "sigmoid" and m.load is not None]
+        if not moes:
+            return
+        load = torch.stack([m.load for m in moes])
+        if all_reduce is not None:
+            reduced = all_reduce(load)
+            load = reduced if isinstance(reduced, torch.Tensor) else load
+        step = self.config.router_bias_rate * torch.sign(load.mean(dim=1, keepdim=True) - load)
+        for m, s in zip(moes, step):
+            m.router_bias += s.to(m.router_bias.dtype)
+            m.load.zero_()
+
+    # -- accounting --------------------------------------------------------------------------
+
+    def num_params(self, non_embedding=True):
+        """All parameters, or (non_embedding) those that do matmuls: without the position and,
+        unless tied to lm_head, the token embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            if self.wpe is not None:
+                n -= self.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.wte.weight.numel()
+        return n
+
+    def active_params(self):
+        """Non-embedding parameters one token uses: top_k of the n_expert routed experts."""
+        n = self.num_params(non_embedding=True)
+        for m in self.moe_layers:
+            experts = m.w_in.weight.numel() + m.w_down.weight.numel()
+            n -= experts * (m.n_expert - m.top_k) // m.n_expert
+        return n
+
+    def estimate_flops_per_token(self, seq_len=None):
+        """Training FLOPs per token, PaLM-style as in nanoGPT: 6 * active params + 12 * L * d * T
+        (attention scores and values; T = block_size unless given; causal masking not discounted)."""
+        c = self.config
+        return 6 * self.active_params() + 12 * c.n_layer * c.n_embd * (seq_len or c.block_size)
+
+    # -- training and sampling ---------------------------------------------------------------
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW; decay matrices, embeddings and expert weights (dim >= 2), not norms or biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
+                  dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+        extra = dict(fused=True) if device_type == "cuda" else {}
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Sample max_new_tokens after idx [B, T] (long); the context is cropped to block_size."""
+        for _ in range(max_new_tokens):
+            ctx = idx[:, -self.config.block_size:]
+            logits, _ = self(ctx)
+            logits = logits[:, -1, :].float() / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, next_id), dim=1)
+        return idx
