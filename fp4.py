@@ -153,7 +153,7 @@ def block_scales(amax, grid, scale_kind, tensor_scale=None):
 def tensor_scale_for(x, fmt):
     """NVFP4's fp32 per-tensor encode scale s_enc = qmax * 448 / amax(x) (1 when x is all zero)."""
     amax = x.abs().amax().float()
-    s_enc = GRIDS[fmt.grid].qmax * E4M3_MAX / amax
+    s_enc = torch.full_like(amax, GRIDS[fmt.grid].qmax * E4M3_MAX) / amax  # (scalar / t rounds twice)
     return torch.where(amax == 0, torch.ones_like(s_enc), s_enc)
 
 def pack_codes(codes):
@@ -373,9 +373,7 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     if bf16_last is not None:
         changes["bf16_last_fraction"] = 0.0
     out = replace(r, **changes)
-    if out != r:
-        out = replace(out, name=r.name + "*")  # mark a modified preset in logs
-    return out
+    return r if out == r else replace(out, name=r.name + "*")  # '*' marks a modified preset in logs
 
 def check_dims(recipe, *dims):
     """Raise early, with the fix, if a layer dimension cannot be blocked under the recipe."""
@@ -623,12 +621,16 @@ def shrinkage_report(x, fmt, dim=-1, rht=None):
                 b_eff=bucket_use(x, fmt, dim=dim, rht=rht))
 
 if __name__ == "__main__":
+    import argparse
+    p = argparse.ArgumentParser(description="print the shrinkage tables of every format")
+    p.add_argument("--rows", type=int, default=1024, help="rows of 4096 synthetic values")
+    rows = p.parse_args().rows
     print("per-level RTNE bias (locally uniform density), in grid units:")
     for g in GRIDS:
         print(f"  {g:5s} " + "  ".join(f"{q:g}:{b:+.3f}" for q, b in bin_bias(g).items()))
     torch.manual_seed(0)
-    data = {"gaussian": torch.randn(1024, 4096),
-            "student-t(3)": torch.distributions.StudentT(3.0).sample((1024, 4096))}
+    data = {"gaussian": torch.randn(rows, 4096),
+            "student-t(3)": torch.distributions.StudentT(3.0).sample((rows, 4096))}
     print(f"\n{'data':14s} {'format':7s} {'rht':>4s} {'alpha':>8s} {'SQNR dB':>8s} {'B_eff':>6s}")
     for dname, x in data.items():
         for fname in FORMATS:

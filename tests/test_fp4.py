@@ -1,0 +1,549 @@
+"""Tests for fp4.py, the reference. Independent oracles: ml_dtypes casts and the spec's formulas
+written out in numpy."""
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fp4  # noqa: E402
+
+E2M1 = ml_dtypes.float4_e2m1fn
+E4M3 = ml_dtypes.float8_e4m3fn
+E8M0 = ml_dtypes.float8_e8m0fnu
+
+
+def as_np(t):
+    return t.detach().cpu().numpy()
+
+
+def cast(a, dtype):
+    return np.asarray(a, np.float32).astype(dtype).astype(np.float32)
+
+
+def same_bits(a, b):
+    """Equal including NaN positions and the sign of zero."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+# ---------------------------------------------------------------- grids and rounding
+
+TIES_E2M1 = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+EXPECT_E2M1 = [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
+
+
+def test_e2m1_ties_and_saturation_as_spec():
+    grid = fp4.GRIDS["e2m1"]
+    t = torch.tensor(TIES_E2M1 + [6.0, 6.5, 7.0, 1e30, float("inf")])
+    got = fp4.round_to_grid(t, grid).tolist()
+    assert got == EXPECT_E2M1 + [6.0] * 5
+
+
+def test_e2m1_rounding_matches_ml_dtypes():
+    g = torch.Generator().manual_seed(1)
+    mids = np.array(fp4.GRIDS["e2m1"].levels)
+    mids = (mids[1:] + mids[:-1]) / 2
+    t = torch.cat([torch.randn(100_000, generator=g) * 3,
+                   torch.rand(100_000, generator=g) * 8 - 4,
+                   torch.tensor(np.concatenate([mids, -mids, mids + 1e-6, mids - 1e-6]), dtype=torch.float32)])
+    got = fp4.round_to_grid(t, fp4.GRIDS["e2m1"]).copysign(t)
+    assert same_bits(as_np(got), cast(as_np(t), E2M1))
+
+
+def test_int4_and_e1m2_rounding():
+    g = torch.Generator().manual_seed(2)
+    t = torch.cat([torch.rand(100_000, generator=g) * 18 - 9, torch.arange(-8, 8.5, 0.5)])
+    int4 = fp4.round_to_grid(t, fp4.GRIDS["int4"]).copysign(t)
+    ref = np.clip(np.round(as_np(t)), -7, 7)  # numpy rounds half to even
+    assert np.array_equal(as_np(int4), ref)
+    assert fp4.round_to_grid(torch.tensor([0.5, 1.5, 2.5, -0.5]), fp4.GRIDS["int4"]).tolist() == [0, 2, 2, 0]
+    assert -8 not in as_np(int4)
+    e1m2 = fp4.round_to_grid(t / 4, fp4.GRIDS["e1m2"]).copysign(t)
+    assert np.array_equal(as_np(e1m2), ref / 4)
+
+
+def test_e4m3_scale_cast_matches_ml_dtypes():
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.rand(50_000, generator=g) * 448, torch.exp(torch.randn(50_000, generator=g) * 4).clamp(max=448),
+                   torch.tensor([2.0 ** -10, 2.0 ** -9, 3 * 2.0 ** -10, 448.0, 464.0, 0.0])])
+    got = fp4.round_e4m3(x)
+    assert same_bits(as_np(got)[:-2], cast(as_np(x)[:-2], E4M3))
+    assert got[-2].item() == 448.0          # saturates instead of NaN
+    assert fp4.round_e4m3(torch.tensor([1e6])).item() == 448.0
+
+
+def test_e8m0_scale_is_floor_power_of_two_and_representable():
+    amax = torch.exp(torch.randn(10_000) * 10).float()
+    for grid, emax in (("e2m1", 2), ("int4", 2), ("e1m2", 0)):
+        s = fp4.block_scales(amax, fp4.GRIDS[grid], "e8m0")
+        want = np.exp2(np.floor(np.log2(as_np(amax).astype(np.float64))) - emax).astype(np.float32)
+        assert np.array_equal(as_np(s), want)
+        assert same_bits(as_np(s), cast(as_np(s), E8M0))
+    assert fp4.block_scales(torch.zeros(1), fp4.GRIDS["e2m1"], "e8m0").item() == 0.0
+
+
+# ---------------------------------------------------------------- formats follow the spec's formulas
+
+def blocks_np(x, b):
+    return x.reshape(*x.shape[:-1], x.shape[-1] // b, b)
+
+
+def test_ufp4_formula():
+    x = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    xb = blocks_np(x, 16)
+    scale = np.abs(xb).max(-1, keepdims=True) / np.float32(7)
+    ref = (np.clip(np.round(xb / scale), -7, 7) * scale).reshape(x.shape)
+    assert same_bits(as_np(fp4.fake_quant(torch.from_numpy(x), "ufp4")), ref)
+
+
+def test_e2m1_formula():
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32) * 10
+    xb = blocks_np(x, 16)
+    scale = np.abs(xb).max(-1, keepdims=True) / np.float32(6)
+    ref = (cast(xb / scale, E2M1) * scale).reshape(x.shape)
+    assert same_bits(as_np(fp4.fake_quant(torch.from_numpy(x), "e2m1")), ref)
+
+
+@pytest.mark.parametrize("name,grid_dtype,qmax", [("nvfp4", E2M1, 6.0), ("nvint4", None, 7.0)])
+def test_nvfp4_formula(name, grid_dtype, qmax):
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((16, 128)) * np.exp(rng.standard_normal((16, 1)) * 3)).astype(np.float32)
+    s_enc = np.float32(qmax * 448) / np.abs(x).max()
+    xb = blocks_np(x, 16)
+    stored = cast(np.minimum(np.abs(xb).max(-1, keepdims=True) / np.float32(qmax) * s_enc, 448), E4M3)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(stored > 0, xb * s_enc / stored, 0).astype(np.float32)  # underflowed scale: 0
+    elem = cast(t, grid_dtype) if grid_dtype else np.clip(np.round(t), -7, 7)
+    ref = (elem * stored / s_enc).reshape(x.shape)
+    q = fp4.quantize(torch.from_numpy(x), name)
+    assert np.float32(q.tensor_scale.item()) == s_enc
+    assert same_bits(as_np(q.scales), stored[..., 0])
+    assert same_bits(as_np(fp4.dequantize(q)), ref)
+
+
+def test_mxfp4_formula():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((16, 128)) * np.exp(rng.standard_normal((16, 4)).repeat(32, 1) * 3)).astype(np.float32)
+    xb = blocks_np(x, 32)
+    X = np.exp2(np.floor(np.log2(np.abs(xb).max(-1, keepdims=True))) - 2).astype(np.float32)
+    ref = (cast(xb / X, E2M1) * X).reshape(x.shape)
+    q = fp4.quantize(torch.from_numpy(x), "mxfp4")
+    assert q.tensor_scale is None and q.scales.shape == (16, 4)
+    assert same_bits(as_np(fp4.dequantize(q)), ref)
+
+
+def test_all_combinations_constructible():
+    for grid in fp4.GRIDS:
+        for block in (16, 32):
+            for scale in fp4.SCALE_KINDS:
+                fmt = fp4.get_format(f"{grid}/{block}/{scale}")
+                x = torch.randn(4, 64)
+                y = fp4.fake_quant(x, fmt)
+                assert y.shape == x.shape and torch.isfinite(y).all()
+                assert fp4.attenuation(x, y) > 0.8
+
+
+def test_quantize_along_dim0_equals_transpose():
+    x = torch.randn(64, 48)
+    for name in fp4.FORMATS:
+        a = fp4.fake_quant(x, name, dim=0)
+        b = fp4.fake_quant(x.t().contiguous(), name, dim=-1).t()
+        assert torch.equal(a, b)
+
+
+def test_dtype_and_leading_shape_kept():
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    q = fp4.quantize(x, "ufp4")
+    assert q.codes.shape == (2, 3, 32) and q.scales.shape == (2, 3, 4)
+    y = fp4.dequantize(q)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    assert fp4.dequantize(q, torch.float32).dtype == torch.float32
+
+
+# ---------------------------------------------------------------- packing, edge cases, errors
+
+def test_pack_unpack_all_codes():
+    codes = torch.arange(16, dtype=torch.uint8).repeat(4)[torch.randperm(64)].reshape(4, 16)
+    packed = fp4.pack_codes(codes)
+    assert packed.dtype == torch.uint8 and packed.shape == (4, 8)
+    assert torch.equal(fp4.unpack_codes(packed), codes)
+    assert fp4.pack_codes(torch.tensor([[3, 10]], dtype=torch.uint8)).item() == 3 | (10 << 4)  # low nibble first
+
+
+def test_codes_are_sign_magnitude_grid_indices():
+    x = torch.tensor([[0.0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]])
+    q = fp4.quantize(x, "e2m1")
+    assert q.scales.item() == 1.0
+    codes = fp4.unpack_codes(q.codes)[0].tolist()
+    assert codes == list(range(16))
+    # e2m1 codes are the OCP bit patterns
+    assert same_bits(as_np(fp4.dequantize(q)), cast(as_np(x), E2M1))
+
+
+def test_zero_blocks_give_zeros_with_zero_scale():
+    x = torch.randn(4, 64)
+    x[1, 16:32] = 0
+    for name in fp4.FORMATS:
+        q = fp4.quantize(x, name)
+        y = fp4.dequantize(q)
+        assert torch.isfinite(y).all()
+        assert (y[1, 16:32] == 0).all()
+        assert (fp4.dequantize(fp4.quantize(torch.zeros(2, 64), name)) == 0).all()
+
+
+@pytest.mark.parametrize("name", list(fp4.FORMATS))
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_never_becomes_finite(name, bad):
+    x = torch.randn(4, 64)
+    x[2, 5] = bad
+    y = fp4.fake_quant(x, name)
+    assert not torch.isfinite(y[2, 5])
+    if fp4.FORMATS[name].scale != "e4m3":        # other blocks untouched
+        assert torch.isfinite(y[0]).all()
+
+
+def grid_limit(x, name, dim=-1):
+    """Largest magnitude each element can dequantize to: qmax * block scale (/ tensor scale)."""
+    q = fp4.quantize(x, name, dim=dim)
+    lim = q.scales.double().repeat_interleave(q.fmt.block, -1) * fp4.GRIDS[q.fmt.grid].qmax
+    if q.tensor_scale is not None:
+        lim = lim / q.tensor_scale.double()
+    return lim.movedim(-1, q.dim)
+
+
+def test_saturation_never_exceeds_grid():
+    x = torch.randn(8, 64) * 1e30
+    x[0, :32] *= 1e-6     # tiny blocks next to huge ones (coarse e4m3 scales)
+    for name in fp4.FORMATS:
+        y = fp4.fake_quant(x, name).double()
+        assert torch.isfinite(y).all()
+        assert (y.abs() <= grid_limit(x, name) * (1 + 1e-6)).all()
+        if fp4.FORMATS[name].scale == "fp32":  # amax maps onto qmax: nothing exceeds the block amax
+            amax = x.abs().reshape(8, -1, 16).amax(-1, keepdim=True).double()
+            assert (y.abs().reshape(8, -1, 16) <= amax * (1 + 1e-6)).all()
+
+
+def test_length_not_multiple_of_block_is_a_clear_error():
+    with pytest.raises(ValueError, match="not a multiple of the block size"):
+        fp4.quantize(torch.randn(4, 40), "ufp4")
+    with pytest.raises(ValueError, match="not a multiple of the block size"):
+        fp4.quantize(torch.randn(40, 64), "mxfp4", dim=0)
+    with pytest.raises(ValueError, match="RHT size"):
+        fp4.quantize(torch.randn(4, 32), "ufp4", rht=64)
+
+
+def test_bad_names_list_valid_ones():
+    with pytest.raises(ValueError, match="ufp4"):
+        fp4.get_format("fp5")
+    with pytest.raises(ValueError, match="bf16"):
+        fp4.make_recipe("int3")
+    with pytest.raises(ValueError, match="e4m3"):
+        fp4.get_format("int4/16/e5m2")
+    with pytest.raises(ValueError, match="fprop"):
+        fp4.make_recipe("ufp4", rht="fprop,forward")
+    with pytest.raises(ValueError, match="rtne"):
+        fp4.quantize(torch.randn(1, 16), "ufp4", rounding="nearest")
+
+
+def test_2d_weight_blocks_same_for_w_and_wt():
+    w = torch.randn(64, 96)
+    fmt = fp4.replace(fp4.FORMATS["nvfp4"], block_2d=True)
+    q = fp4.quantize(w, fmt)
+    assert q.scales.shape == (4, 6)
+    assert torch.equal(fp4.fake_quant(w, fmt, dim=-1), fp4.fake_quant(w, fmt, dim=0))
+    with pytest.raises(ValueError, match="2D blocks"):
+        fp4.quantize(torch.randn(40, 64), fmt)
+
+
+# ---------------------------------------------------------------- RHT
+
+@pytest.mark.parametrize("n", fp4.RHT_SIZES)
+def test_rht_is_orthogonal_and_preserves_products(n):
+    Q = fp4.rht_matrix(n).double()
+    assert torch.allclose(Q @ Q.t(), torch.eye(n, dtype=torch.float64), atol=1e-6)
+    A, B = torch.randn(8, 4 * n), torch.randn(5, 4 * n)
+    AQ, BQ = fp4.rht_transform(A, n), fp4.rht_transform(B, n)
+    torch.testing.assert_close(AQ @ BQ.t(), A @ B.t(), rtol=1e-5, atol=1e-4)
+    # the butterfly is the matrix
+    torch.testing.assert_close(AQ, (A.view(8, 4, n) @ fp4.rht_matrix(n)).view(8, 4 * n), rtol=1e-6, atol=1e-6)
+    # along dim 0 too (Wgrad)
+    torch.testing.assert_close(fp4.rht_transform(A.t(), n, dim=0), AQ.t())
+
+
+def test_rht_signs_fixed_and_random():
+    s = fp4.rht_signs(16)
+    assert torch.equal(s, fp4.rht_signs(16)) and set(s.tolist()) == {-1.0, 1.0}
+    assert 0 < (s > 0).sum() < 16
+
+
+def test_rht_quantized_gemm_approximates_product():
+    A, B = torch.randn(64, 256), torch.randn(32, 256)
+    ref = A @ B.t()
+    y = fp4.fake_quant(A, "ufp4", rht=16) @ fp4.fake_quant(B, "ufp4", rht=16).t()
+    assert (y - ref).norm() / ref.norm() < 0.2
+
+
+# ---------------------------------------------------------------- stochastic rounding
+
+def test_sr_is_unbiased():
+    x = torch.randn(1, 64).repeat(4000, 1)   # 4000 independent draws of the same row
+    x[:, :16] = torch.tensor([0.1, 0.3, 0.6, 1.1, 1.9, 2.2, 2.7, 3.3, 3.8, 4.4, 5.5, 5.9, 6.0, -2.2, -4.4, -0.1])
+    for name in ("ufp4", "e2m1", "mxfp4", "nvfp4"):
+        y = fp4.fake_quant(x, name, rounding="sr", seed=123).double()
+        mean, se = y.mean(0), y.std(0) / 4000 ** 0.5
+        err = (mean - x[0].double()).abs()
+        inside = x[0].abs() < grid_limit(x[:1], name)[0]  # SR is unbiased inside the grid's range
+        assert inside.sum() > 40
+        assert (err[inside] <= 5 * se[inside] + 1e-6).all(), (name, err.max())
+        e = fp4.fake_quant(x[:1], name).double()
+        assert (e - x[0]).abs().max() > 0  # RTNE differs from the mean somewhere: the test can fail
+
+
+def test_sr_reproducible_from_seed_and_rtne_deterministic():
+    x = torch.randn(32, 64)
+    a = fp4.fake_quant(x, "ufp4", rounding="sr", seed=7)
+    assert torch.equal(a, fp4.fake_quant(x, "ufp4", rounding="sr", seed=7))
+    assert not torch.equal(a, fp4.fake_quant(x, "ufp4", rounding="sr", seed=8))
+    state = torch.get_rng_state()
+    r = fp4.fake_quant(x, "e2m1")
+    assert torch.equal(state, torch.get_rng_state())  # RTNE draws nothing
+    assert torch.equal(r, fp4.fake_quant(x, "e2m1"))
+
+
+def test_sr_values_are_neighbours():
+    x = torch.randn(64, 64)
+    rt = fp4.fake_quant(x, "e2m1")
+    sr = fp4.fake_quant(x, "e2m1", rounding="sr", seed=1)
+    q = fp4.quantize(x, "e2m1")
+    scale = q.scales.repeat_interleave(16, -1)
+    # SR lands on one of the two grid points around x: never further than one step (<= 2 * scale)
+    assert ((sr - x).abs() <= 2 * scale + 1e-6).all()
+    assert ((sr - rt).abs() <= 2 * scale + 1e-6).all()
+
+
+# ---------------------------------------------------------------- recipes
+
+def test_presets_match_spec_table():
+    R = fp4.RECIPES
+    assert not R["bf16"].quantized
+    u = R["ufp4"]
+    assert all(getattr(u, g).fmt == "ufp4" and getattr(u, g).rht for g in fp4.GEMMS)
+    for name in ("e2m1", "nvfp4", "mxfp4"):
+        r = R[name]
+        assert [getattr(r, g).rht for g in fp4.GEMMS] == [False, False, True]
+    for r in (R["ufp4"], R["e2m1"], R["nvfp4"], R["mxfp4"]):
+        assert r.dgrad.sr_a and r.wgrad.sr_a and not r.fprop.sr_a  # SR on dy only
+        assert not (r.fprop.sr_b or r.dgrad.sr_b or r.wgrad.sr_b)
+    assert R["nvfp4"].weight_2d and not R["ufp4"].weight_2d
+    assert R["nvfp4"].bf16_blocks(12) == {10, 11}  # ~15 % of blocks kept in bf16
+    with pytest.raises(Exception):
+        R["ufp4"].rht_size = 32  # frozen
+
+
+def test_make_recipe_ablations():
+    r = fp4.make_recipe("ufp4", rht="wgrad")
+    assert [getattr(r, g).rht for g in fp4.GEMMS] == [False, False, True] and r.name == "ufp4*"
+    r = fp4.make_recipe("e2m1", rht="all", sr_dy=False, rht_size=32)
+    assert all(getattr(r, g).rht for g in fp4.GEMMS) and not r.dgrad.sr_a and r.rht_size == 32
+    r = fp4.make_recipe("ufp4", fmt="int4/16/e4m3", bf16_first=1, bf16_last=1)
+    assert r.fprop.fmt == "int4/16/e4m3" and r.bf16_blocks(6) == {0, 5}
+    assert fp4.make_recipe("ufp4") is fp4.RECIPES["ufp4"]
+    with pytest.raises(ValueError, match="rht_size"):
+        fp4.make_recipe("ufp4", rht_size=24)
+
+
+def test_check_dims():
+    fp4.check_dims(fp4.RECIPES["ufp4"], 64, 128)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        fp4.check_dims(fp4.RECIPES["ufp4"], 72)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        fp4.check_dims(fp4.RECIPES["mxfp4"], 48)
+    fp4.check_dims(fp4.RECIPES["bf16"], 7)
+
+
+# ---------------------------------------------------------------- the quantized linear layer
+
+def test_bf16_recipe_equals_nn_linear():
+    torch.manual_seed(0)
+    ref = nn.Linear(48, 24)
+    lin = fp4.FP4Linear(48, 24, recipe="bf16")
+    lin.load_state_dict(ref.state_dict())
+    x1 = torch.randn(3, 5, 48, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_()
+    y1, y2 = ref(x1), lin(x2)
+    assert torch.equal(y1, y2)
+    g = torch.randn_like(y1)
+    y1.backward(g), y2.backward(g)
+    assert torch.equal(x1.grad, x2.grad)
+    assert torch.equal(ref.weight.grad, lin.weight.grad) and torch.equal(ref.bias.grad, lin.bias.grad)
+
+
+def manual_three_gemms(x, w, dy, r, seed):
+    """The spec table written out with fake_quant calls (the operands, dims, RHT and SR of each GEMM)."""
+    def q(t, gemm, dim, sr, s, weight=False):
+        fmt = fp4.get_format(gemm.fmt)
+        if weight and r.weight_2d:
+            fmt = fp4.replace(fmt, block_2d=True)
+        return fp4.fake_quant(t, fmt, dim=dim, rounding="sr" if sr else "rtne",
+                              rht=r.rht_size if gemm.rht else None, seed=s, dtype=torch.float32)
+    f, d, g = r.fprop, r.dgrad, r.wgrad
+    y = q(x, f, -1, f.sr_a, seed) @ q(w, f, -1, f.sr_b, seed + 1, True).t()
+    dx = q(dy, d, -1, d.sr_a, seed + 2) @ q(w, d, 0, d.sr_b, seed + 3, True)
+    dw = q(dy, g, 0, g.sr_a, seed + 4).t() @ q(x, g, 0, g.sr_b, seed + 5)
+    return y, dx, dw
+
+
+@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4"])
+def test_fp4_linear_is_the_three_quantized_gemms(name):
+    torch.manual_seed(1)
+    r = fp4.RECIPES[name]
+    x = torch.randn(64, 96, requires_grad=True)
+    w = torch.randn(32, 96, requires_grad=True)
+    dy = torch.randn(64, 32)
+    y = fp4.FP4LinearFunction.apply(x, w, r, 1000, torch.float32)
+    y.backward(dy)
+    ry, rdx, rdw = manual_three_gemms(x.detach(), w.detach(), dy, r, 1000)
+    assert torch.equal(y, ry) and torch.equal(x.grad, rdx) and torch.equal(w.grad, rdw)
+    # and it is a good approximation of the exact layer
+    exact = x.detach() @ w.detach().t()
+    assert (y - exact).norm() / exact.norm() < 0.2
+    assert (w.grad - dy.t() @ x.detach()).norm() / (dy.t() @ x.detach()).norm() < 0.3
+
+
+def test_fp4_linear_module_shapes_bias_and_token_padding():
+    torch.manual_seed(2)
+    lin = fp4.FP4Linear(64, 32, recipe="ufp4")
+    x = torch.randn(3, 7, 64, requires_grad=True)  # 21 tokens: Wgrad pads to 32 with zeros
+    y = lin(x)
+    assert y.shape == (3, 7, 32)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and lin.weight.grad.shape == (32, 64) and lin.bias.grad.shape == (32,)
+    assert torch.allclose(lin.bias.grad, torch.full((32,), 21.0))
+    with pytest.raises(ValueError, match="multiple"):
+        fp4.FP4Linear(72, 32, recipe="ufp4")
+
+
+def test_zero_padding_tokens_does_not_change_wgrad():
+    r = fp4.make_recipe("ufp4", sr_dy=False)
+    torch.manual_seed(3)
+    x, w, dy = torch.randn(21, 64), torch.randn(32, 64), torch.randn(21, 32)
+    xp, dyp = F.pad(x, (0, 0, 0, 11)), F.pad(dy, (0, 0, 0, 11))
+    _, _, dw_ref = manual_three_gemms(xp, w, dyp, r, 0)
+    w1 = w.clone().requires_grad_()
+    fp4.FP4LinearFunction.apply(x, w1, r, 0, torch.float32).backward(dy)
+    assert torch.equal(w1.grad, dw_ref)
+
+
+def test_grouped_linear_equals_per_expert_linear():
+    torch.manual_seed(4)
+    r = fp4.make_recipe("ufp4", sr_dy=False)  # deterministic, so seeds don't matter
+    g = fp4.GroupedLinear(3, 64, 32, recipe=r)
+    counts = [20, 0, 37]
+    x = torch.randn(57, 64, requires_grad=True)
+    y = g(x, counts)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    start = 0
+    for e, c in enumerate(counts):
+        xe = x.detach()[start:start + c].clone().requires_grad_()
+        we = g.weight.detach()[e].clone().requires_grad_()
+        if c:
+            ye = fp4.FP4LinearFunction.apply(xe, we, r, 0, torch.float32)
+            ye.backward(dy[start:start + c])
+            assert torch.equal(ye, y[start:start + c])
+            assert torch.equal(xe.grad, x.grad[start:start + c])
+            assert torch.equal(we.grad, g.weight.grad[e])
+        else:
+            assert (g.weight.grad[e] == 0).all()
+        start += c
+    # bf16 recipe: plain per-expert matmuls
+    g.recipe = fp4.RECIPES["bf16"]
+    y = g(x, counts)
+    assert torch.allclose(y[:20], x[:20] @ g.weight[0].t()) and torch.allclose(y[20:], x[20:] @ g.weight[2].t())
+
+
+def test_convert_swaps_block_linears_only():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.router = nn.Linear(32, 96), nn.Linear(32, 4)
+            self.experts = fp4.GroupedLinear(4, 32, 64)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lm_head = nn.Embedding(10, 32), nn.Linear(32, 10)
+            self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+    m = Model()
+    w = m.blocks[0].qkv.weight
+    fp4.convert(m, fp4.make_recipe("ufp4", bf16_last=1))
+    assert isinstance(m.blocks[0].qkv, fp4.FP4Linear) and m.blocks[0].qkv.weight is w
+    assert m.blocks[0].qkv.recipe.name == "ufp4*" and m.blocks[0].experts.recipe.name == "ufp4*"
+    assert m.blocks[2].qkv.recipe.name == "bf16" and m.blocks[2].experts.recipe.name == "bf16"
+    assert type(m.blocks[0].router) is nn.Linear and type(m.lm_head) is nn.Linear
+    assert set(m.state_dict()) == set(Model().state_dict())
+
+
+# ---------------------------------------------------------------- shrinkage diagnostics
+
+def test_analytic_bin_bias():
+    assert fp4.bin_bias("e2m1") == {0.5: 0, 1.0: 0, 1.5: 0, 2.0: -0.125, 3.0: 0, 4.0: -0.25}
+    assert all(b == 0 for b in fp4.bin_bias("int4").values())
+    assert all(b == 0 for b in fp4.bin_bias("e1m2").values())
+
+
+def test_shrinkage_on_gaussian_data():
+    x = torch.randn(512, 1024, generator=torch.Generator().manual_seed(5))
+    e2m1 = fp4.shrinkage_report(x, "e2m1")
+    int4 = fp4.shrinkage_report(x, "ufp4")
+    assert e2m1["alpha"] < 0.999
+    assert abs(int4["alpha"] - 1) < 0.002
+    assert 0 < e2m1["b_eff"] <= 1 and 0 < int4["b_eff"] <= 1
+    assert int4["sqnr_db"] > 15 and e2m1["sqnr_db"] > 15
+
+
+def test_cli_prints_tables():
+    out = subprocess.run([sys.executable, "fp4.py", "--rows", "64"], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "e2m1" in out.stdout and "-0.250" in out.stdout and "student-t" in out.stdout
+
+
+# ---------------------------------------------------------------- property-based robustness
+
+finite_or_not = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                          st.sampled_from([0.0, -0.0, 1e-45, -1e-40, 3e38, -3e38, 1.0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 3), nblocks=st.integers(1, 3), name=st.sampled_from(sorted(fp4.FORMATS)),
+       rounding=st.sampled_from(["rtne", "sr"]), dim0=st.booleans(), data=st.data())
+def test_quantizer_never_crashes_or_hides_nonfinite(rows, nblocks, name, rounding, dim0, data):
+    fmt = fp4.FORMATS[name]
+    K = nblocks * fmt.block
+    vals = data.draw(st.lists(finite_or_not, min_size=rows * K, max_size=rows * K))
+    x = torch.tensor(vals, dtype=torch.float32).reshape(rows, K)
+    if dim0:
+        x = x.t().contiguous()
+    y = fp4.fake_quant(x, name, dim=0 if dim0 else -1, rounding=rounding, seed=0)
+    assert y.shape == x.shape
+    assert not torch.isfinite(y[~torch.isfinite(x)]).any()
+    # saturation: |Q(x)| never exceeds qmax * block scale; with fp32 scales, never the block amax
+    lim = grid_limit(torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), name, dim=0 if dim0 else -1)
+    fin = torch.isfinite(y)
+    assert (y.abs()[fin].double() <= lim[fin] * (1 + 1e-6) + 1e-300).all() or not torch.isfinite(x).all()
+    if fmt.scale == "fp32":
+        xb = (x.t() if dim0 else x).reshape(rows, nblocks, fmt.block)
+        yb = (y.t() if dim0 else y).reshape(rows, nblocks, fmt.block)
+        ok = torch.isfinite(xb).all(-1, keepdim=True).expand_as(xb) & torch.isfinite(yb)
+        amax = xb.abs().amax(-1, keepdim=True).expand_as(xb)
+        assert (yb.abs()[ok] <= amax[ok] * (1 + 1e-5) + 1e-38).all()
