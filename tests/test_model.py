@@ -1,0 +1,341 @@
+"""Tests for model.py: shapes, causality, the dropless MoE against a per-token reference, the
+balancing losses and bias, accounting, and the model under fp4.convert. CPU, tiny models."""
+import copy
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fp4  # noqa: E402
+from model import GPT, GPTConfig, MoE  # noqa: E402
+
+V, T = 128, 16
+
+def tiny(**kw):
+    base = dict(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=32)
+    return GPTConfig(**{**base, **kw})
+
+VARIANTS = {
+    "dense-swiglu-rope": dict(),
+    "dense-gelu-learned-layernorm-tied": dict(mlp="gelu", norm="layernorm", pos_emb="learned",
+                                              tie_embeddings=True, bias=True),
+    "moe-softmax": dict(n_expert=4, top_k=2),
+    "moe-sigmoid-shared-dense1": dict(n_expert=4, top_k=2, router="sigmoid", n_shared_expert=1,
+                                      moe_dense_layers=1),
+    "moe-gelu-top1": dict(n_expert=4, top_k=1, mlp="gelu"),
+}
+
+def batch(B=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+
+# -----------------------------------------------------------------------------
+# Shapes, loss, causality
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_forward_backward_shapes(name):
+    torch.manual_seed(0)
+    model = GPT(tiny(**VARIANTS[name]))
+    x, y = batch()
+    logits, loss = model(x, y)
+    assert logits.shape == (2, T, V)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert abs(loss.item() - math.log(V)) < 0.5   # near uniform at init
+    loss.backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+    last, none = model(x)
+    assert none is None and last.shape == (2, 1, V)
+    torch.testing.assert_close(last[:, 0], logits[:, -1])
+    full, _ = model(x, full_logits=True)
+    torch.testing.assert_close(full, logits)
+
+@pytest.mark.parametrize("name", ["dense-swiglu-rope", "dense-gelu-learned-layernorm-tied",
+                                  "moe-softmax", "moe-sigmoid-shared-dense1"])
+def test_causal(name):
+    torch.manual_seed(0)
+    model = GPT(tiny(**VARIANTS[name])).eval()
+    for m in model.moe_layers:  # a non-trivial bias must not break causality either
+        m.router_bias.normal_(0, 0.1)
+    x, _ = batch()
+    x2 = x.clone()
+    x2[:, 9:] = (x2[:, 9:] + 1) % V
+    a, _ = model(x, full_logits=True)
+    b, _ = model(x2, full_logits=True)
+    torch.testing.assert_close(a[:, :9], b[:, :9], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+
+def test_ignore_index_and_too_long():
+    model = GPT(tiny())
+    x, y = batch()
+    y[:, :8] = -1
+    _, loss = model(x, y)
+    logits, _ = model(x, full_logits=True)
+    ref = F.cross_entropy(logits[:, 8:].reshape(-1, V), y[:, 8:].reshape(-1))
+    torch.testing.assert_close(loss, ref)
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, T + 1, dtype=torch.long))
+
+# -----------------------------------------------------------------------------
+# MoE: the grouped path against a per-token loop, no drops, the balancing losses
+
+def reference_moe(moe, x):
+    """For each token: sum over its top-k experts of gate * expert(x), routing computed by hand."""
+    logits = x @ moe.router.weight.t()
+    if moe.router_kind == "softmax":
+        top, idx = logits.softmax(-1).topk(moe.top_k, dim=-1)
+    else:
+        scores = torch.sigmoid(logits)
+        idx = (scores + moe.router_bias).topk(moe.top_k, dim=-1).indices
+        top = scores.gather(1, idx)
+    gates = top / top.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(moe.top_k):
+            e = idx[t, j]
+            h = moe.w_in.weight[e] @ x[t]
+            if moe.kind == "swiglu":
+                g, u = h.chunk(2)
+                h = F.silu(g) * u
+            else:
+                h = F.gelu(h)
+            out[t] += gates[t, j] * (moe.w_down.weight[e] @ h)
+    if moe.shared is not None:
+        out += moe.shared(x)
+    return out, idx
+
+@pytest.mark.parametrize("kw", [dict(router="softmax"), dict(router="sigmoid"),
+                                dict(router="sigmoid", n_shared_expert=2, top_k=3),
+                                dict(router="softmax", mlp="gelu", top_k=1)])
+def test_moe_matches_per_token_reference(kw):
+    torch.manual_seed(0)
+    cfg = tiny(n_expert=5, **{"top_k": 2, **kw})
+    moe = MoE(cfg)
+    for p in moe.parameters():
+        nn.init.normal_(p, std=0.2)
+    moe.router_bias.normal_(0, 0.3)   # the bias picks experts but must not change the gates
+    x = torch.randn(37, cfg.n_embd)   # a token count that is not a multiple of anything
+    out = moe(x)
+    ref, idx = reference_moe(moe, x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # dropless: every token reached its k distinct experts; counts add up to N * k
+    counts = moe.stats["counts"]
+    assert counts.sum().item() == 37 * cfg.top_k
+    torch.testing.assert_close(counts, torch.bincount(idx.flatten(), minlength=5))
+    assert all(len(set(row.tolist())) == cfg.top_k for row in idx)
+    # 3D input gives the same as flattened tokens
+    torch.testing.assert_close(moe(x[:36].view(4, 9, -1)).view(36, -1), out[:36])
+
+@pytest.mark.parametrize("router", ["softmax", "sigmoid"])
+def test_aux_and_z_loss_formulas(router):
+    torch.manual_seed(1)
+    cfg = tiny(n_expert=6, top_k=2, router=router)
+    moe = MoE(cfg)
+    nn.init.normal_(moe.router.weight, std=0.5)
+    x = torch.randn(50, cfg.n_embd)
+    moe(x)
+    logits = x @ moe.router.weight.t()
+    if router == "softmax":
+        probs = logits.softmax(-1)
+        idx = probs.topk(2, dim=-1).indices
+    else:
+        scores = torch.sigmoid(logits)
+        idx = scores.topk(2, dim=-1).indices
+        probs = scores / scores.sum(-1, keepdim=True)
+    f = torch.tensor([(idx == e).sum().item() / (50 * 2) for e in range(6)])
+    P = probs.mean(0)
+    aux = 6 * sum(f[e] * P[e] for e in range(6))
+    z = (torch.logsumexp(logits, -1) ** 2).mean()
+    torch.testing.assert_close(moe.stats["aux_loss"], aux, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(moe.stats["z_loss"], z, rtol=1e-5, atol=1e-6)
+
+def test_loss_terms_and_moe_stats():
+    torch.manual_seed(0)
+    cfg = tiny(n_expert=4, top_k=2, aux_loss_weight=0.1, z_loss_weight=0.01)
+    model = GPT(cfg)
+    x, y = batch()
+    assert GPT(tiny()).moe_stats() == {}
+    _, loss = model(x, y)
+    s = model.moe_stats()
+    assert set(s) == {"aux_loss", "z_loss", "ce_loss", "expert_load", "expert_counts"}
+    assert s["expert_load"].shape == (2, 4) and s["expert_counts"].shape == (2, 4)
+    torch.testing.assert_close(s["expert_load"].sum(1), torch.ones(2))
+    assert (s["expert_counts"].sum(1) == 2 * T * 2).all()
+    aux = torch.stack([m.stats["aux_loss"] for m in model.moe_layers]).mean()
+    z = torch.stack([m.stats["z_loss"] for m in model.moe_layers]).mean()
+    torch.testing.assert_close(s["aux_loss"], aux.detach())
+    torch.testing.assert_close(loss, s["ce_loss"] + 0.1 * aux + 0.01 * z)
+    assert not s["aux_loss"].requires_grad and not s["ce_loss"].requires_grad
+    model.eval()   # eval loss is the cross-entropy alone, comparable with dense models
+    _, eval_loss = model(x, y)
+    torch.testing.assert_close(eval_loss, model.moe_stats()["ce_loss"])
+
+def test_router_gets_gradient_through_gates_and_losses():
+    torch.manual_seed(0)
+    for router in ("softmax", "sigmoid"):
+        model = GPT(tiny(n_expert=4, router=router, aux_loss_weight=0.0, z_loss_weight=0.0))
+        x, y = batch()
+        model(x, y)[1].backward()
+        for m in model.moe_layers:
+            assert m.router.weight.grad.abs().sum() > 0
+
+def test_update_router_bias_moves_load_toward_balance():
+    torch.manual_seed(0)
+    cfg = tiny(n_layer=1, n_expert=4, top_k=2, router="sigmoid", norm="layernorm", bias=True,
+               router_bias_rate=0.01)
+    model = GPT(cfg)
+    moe = model.blocks[0].mlp
+    with torch.no_grad():   # skew: every token's router input shares a direction expert 0 likes
+        model.blocks[0].norm2.bias.fill_(1.0)
+        moe.router.weight.normal_(0, 0.1)
+        moe.router.weight[0] += 0.1
+    calls = []
+
+    def fake_all_reduce(t):   # two identical ranks: the sum doubles the counts, signs unchanged
+        calls.append(tuple(t.shape))
+        t.mul_(2)
+
+    def imbalance(seed):      # max |load_e - 1/E| on a held-out batch, bias unchanged (eval)
+        model.eval()
+        model(batch(B=8, seed=seed)[0])
+        model.train()
+        return (model.moe_stats()["expert_load"][0] - 0.25).abs().max().item()
+
+    before = imbalance(1000)
+    assert before > 0.2       # expert 0 is in (nearly) every token's top 2
+    after = []
+    for step in range(40):    # fresh batches, as in training
+        model(*batch(B=4, seed=step))
+        model.update_router_bias(all_reduce=fake_all_reduce)
+        if step >= 30:
+            after.append(imbalance(1000 + step))
+    assert calls[0] == (1, 4) and len(calls) == 40
+    assert sum(after) / len(after) < before / 2
+    assert (moe.router_bias[1:] > moe.router_bias[0]).all()
+    assert moe.load.sum() == 0   # counts reset after each update
+    # eval-mode forwards and softmax routers leave the bias alone
+    bias = moe.router_bias.clone()
+    model.eval()
+    model(*batch())
+    model.update_router_bias()
+    assert torch.equal(moe.router_bias, bias)
+    soft = GPT(tiny(n_expert=4))
+    soft(*batch())
+    soft.update_router_bias()
+    assert all((m.router_bias == 0).all() for m in soft.moe_layers)
+    assert "blocks.0.mlp.router_bias" in model.state_dict()   # resumes keep the balance
+
+# -----------------------------------------------------------------------------
+# Config, accounting, optimizer, sampling
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(n_embd=30, n_head=4), "multiple of n_head"),
+    (dict(n_expert=2, top_k=3), "top_k"),
+    (dict(mlp="relu"), "mlp"),
+    (dict(norm="batchnorm"), "norm"),
+    (dict(pos_emb="alibi"), "pos_emb"),
+    (dict(router="hash"), "router"),
+    (dict(n_embd=30, n_head=10), "even head size"),
+    (dict(n_expert=4, moe_dense_layers=2), "moe_dense_layers"),
+])
+def test_config_validation(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kw)
+
+def test_auto_sizes():
+    assert GPTConfig().hidden == 1024 and GPTConfig(mlp="gelu").hidden == 1536
+    assert GPTConfig(n_expert=8).expert_size == 512
+    assert GPTConfig(n_expert=8, mlp_hidden=1000, top_k=3).expert_size == 384
+    assert GPTConfig(n_expert=8, expert_hidden=96).expert_size == 96
+
+def test_param_and_flop_accounting():
+    dense = GPT(tiny())
+    c = dense.config
+    total = sum(p.numel() for p in dense.parameters())
+    assert dense.num_params(non_embedding=False) == total
+    assert dense.num_params() == total - V * c.n_embd
+    assert dense.active_params() == dense.num_params()
+    tied = GPT(tiny(pos_emb="learned", tie_embeddings=True))
+    assert tied.wte.weight is tied.lm_head.weight
+    assert tied.num_params() == sum(p.numel() for p in tied.parameters()) - T * c.n_embd
+    moe = GPT(tiny(n_expert=4, top_k=2, n_shared_expert=1))
+    experts = sum(m.w_in.weight.numel() + m.w_down.weight.numel() for m in moe.moe_layers)
+    assert moe.active_params() == moe.num_params() - experts // 2
+    assert moe.estimate_flops_per_token() == 6 * moe.active_params() + 12 * 2 * 32 * T
+    assert moe.estimate_flops_per_token(seq_len=4) == 6 * moe.active_params() + 12 * 2 * 32 * 4
+
+def test_init_scales():
+    model = GPT(GPTConfig(n_layer=8, n_embd=256, n_head=4, vocab_size=256, n_expert=4))
+    std = lambda t: t.float().std().item()
+    assert abs(std(model.blocks[0].attn.qkv.weight) - 0.02) < 0.002
+    assert abs(std(model.blocks[0].mlp.w_in.weight) - 0.02) < 0.002
+    for w in (model.blocks[0].attn.proj.weight, model.blocks[0].mlp.w_down.weight):
+        assert abs(std(w) - 0.02 / 4) < 0.0005
+
+def test_configure_optimizers():
+    model = GPT(tiny(n_expert=4, bias=True, norm="layernorm"))
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    assert isinstance(opt, torch.optim.AdamW)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert any(p is model.moe_layers[0].w_in.weight for p in decay["params"])
+
+def test_generate_crops_context():
+    torch.manual_seed(0)
+    model = GPT(tiny(n_expert=4)).eval()
+    x, _ = batch()
+    out = model.generate(x, max_new_tokens=5, temperature=0.8, top_k=10)
+    assert out.shape == (2, T + 5) and (out[:, :T] == x).all() and out.max() < V
+
+# -----------------------------------------------------------------------------
+# Under fp4.convert
+
+def test_convert_ufp4_swaps_the_right_modules():
+    model = fp4.convert(GPT(tiny(n_expert=4, n_shared_expert=1, moe_dense_layers=1)), "ufp4")
+    dense, moe = model.blocks
+    for lin in (dense.attn.qkv, dense.attn.proj, dense.mlp.fc1, dense.mlp.fc2, moe.attn.qkv,
+                moe.attn.proj, moe.mlp.shared.fc1, moe.mlp.shared.fc2):
+        assert isinstance(lin, fp4.FP4Linear) and lin.recipe.name == "ufp4"
+    for g in (moe.mlp.w_in, moe.mlp.w_down):
+        assert isinstance(g, fp4.GroupedLinear) and g.recipe.name == "ufp4"
+    assert type(moe.mlp.router) is nn.Linear
+    assert type(model.lm_head) is nn.Linear and type(model.wte) is nn.Embedding
+
+@pytest.mark.parametrize("router", ["softmax", "sigmoid"])
+def test_converted_moe_trains(router):
+    torch.manual_seed(0)
+    model = fp4.convert(GPT(tiny(n_layer=1, n_expert=4, router=router, n_shared_expert=1)), "ufp4")
+    x, y = batch()
+    logits, loss = model(x, y)
+    assert torch.isfinite(loss)
+    loss.backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+    assert model.blocks[0].mlp.w_down.weight.grad.abs().sum() > 0
+    model.update_router_bias()
+
+@pytest.mark.parametrize("name", ["dense-swiglu-rope", "moe-sigmoid-shared-dense1"])
+def test_bf16_convert_is_identical(name):
+    torch.manual_seed(0)
+    model = GPT(tiny(**VARIANTS[name]))
+    conv = fp4.convert(copy.deepcopy(model), "bf16")
+    assert isinstance(conv.blocks[0].attn.qkv, fp4.FP4Linear)
+    x, y = batch()
+    a, la = model(x, y)
+    b, lb = conv(x, y)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+
+def test_width_not_multiple_of_16_is_a_clear_error():
+    model = GPT(tiny(n_embd=40, n_head=2))
+    with pytest.raises(ValueError, match="multiple"):
+        fp4.convert(model, "ufp4")
+    moe = GPT(tiny(n_expert=4, expert_hidden=24))   # only the experts are off
+    with pytest.raises(ValueError, match="multiple"):
+        fp4.convert(moe, "ufp4")
