@@ -320,9 +320,13 @@ class GPT(nn.Module):
         sign(mean load - load_e) over the tokens seen since the last call, then reset the counts.
         Call after every optimizer step. all_reduce: an in-place sum over ranks (e.g.
         torch.distributed.all_reduce) so every rank applies the same update; one call for all layers."""
-        moes = [m for m in self.moe_layers if m.router_kind == "sigmoid" and m.load is not None]
+        # the layer set depends on the config only, so every rank joins the same collective
+        moes = [m for m in self.moe_layers if m.router_kind == "sigmoid"]
         if not moes:
             return
+        for m in moes:
+            if m.load is None or m.load.device != m.router_bias.device:
+                m.load = torch.zeros_like(m.router_bias, dtype=torch.float32)
         load = torch.stack([m.load for m in moes])
         if all_reduce is not None:
             reduced = all_reduce(load)

@@ -229,6 +229,11 @@ def test_update_router_bias_moves_load_toward_balance():
     soft.update_router_bias()
     assert all((m.router_bias == 0).all() for m in soft.moe_layers)
     assert "blocks.0.mlp.router_bias" in model.state_dict()   # resumes keep the balance
+    # before any training forward (a rank that saw nothing): joins the collective, changes nothing
+    fresh = GPT(cfg)
+    calls.clear()
+    fresh.update_router_bias(all_reduce=fake_all_reduce)
+    assert calls == [(1, 4)] and (fresh.blocks[0].mlp.router_bias == 0).all()
 
 # -----------------------------------------------------------------------------
 # Config, accounting, optimizer, sampling
