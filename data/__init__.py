@@ -1,0 +1,31 @@
+"""
+Datasets for nanoFP4. Each dataset lives in data/<name>/ as train.bin / val.bin (np.uint16 token ids)
+plus meta.json; data/<name>/prepare.py makes them. train.py calls prepare_dataset(name), which
+prepares a dataset on first use; data.loader.BinLoader reads batches from the .bin files.
+"""
+import importlib
+import os
+
+from data.common import load_meta
+
+DATASETS = ("shakespeare_char", "shakespeare", "literature")
+
+
+def prepare_dataset(name: str, data_dir: str = "data") -> str:
+    """Folder of dataset `name` under data_dir, prepared first if its files are missing."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    path = os.path.join(data_dir, name)
+    if all(os.path.exists(os.path.join(path, f)) for f in ("train.bin", "val.bin", "meta.json")):
+        return path
+    print(f"preparing dataset {name} (first run only)...", flush=True)
+    prepare = importlib.import_module(f"data.{name}.prepare").prepare
+    try:
+        prepare(out_dir=path, cache_dir=os.path.join(data_dir, "cache"))
+    except Exception as e:
+        raise RuntimeError(
+            f"preparing dataset {name!r} into {path} failed: {e}\n"
+            f"(run `python data/{name}/prepare.py --out {path}` to see the whole error; downloads are "
+            f"cached in {os.path.join(data_dir, 'cache')}, so a machine without network needs that "
+            f"folder, or the prepared .bin files and meta.json, copied over)") from e
+    return path

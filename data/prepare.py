@@ -1,0 +1,34 @@
+"""
+Any local text files -> train.bin / val.bin / meta.json, in the same format as the named datasets.
+Each file is one document (see data.common.SPLIT_RULE for the split).
+
+    python data/prepare.py --input notes.txt book.txt --out data/mycorpus [--tokenizer char|gpt2] [--val_fraction 0.1]
+"""
+import argparse
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from data.common import clean_text, sha256_file, write_dataset
+
+
+def prepare(input_paths, out_dir, tokenizer="gpt2", val_fraction=0.1):
+    documents = []
+    for path in input_paths:
+        with open(path, encoding="utf-8") as f:
+            documents.append((os.path.basename(path), clean_text(f.read())))
+    return write_dataset(out_dir, documents, tokenizer=tokenizer, val_fraction=val_fraction,
+                         source="local files: " + ", ".join(input_paths),
+                         inputs=[(path, sha256_file(path)) for path in input_paths])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", required=True, help="UTF-8 text files, one document each")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--tokenizer", choices=["char", "gpt2"], default="gpt2")
+    parser.add_argument("--val_fraction", type=float, default=0.1)
+    args = parser.parse_args()
+    meta = prepare(args.input, args.out, args.tokenizer, args.val_fraction)
+    print(f"vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens -> {args.out}")
