@@ -167,7 +167,8 @@ def unpack_codes(packed):
 @dataclass
 class QTensor:
     """A quantized tensor. `codes` and `scales` are laid out with the blocked dim moved last:
-    codes [..., K // 2] uint8, scales [..., K // block] fp32 (for block_2d: [R // block, K // block])."""
+    codes [..., K // 2] uint8, scales [..., K // block] fp32 (block_2d: [..., R // block, K // block]
+    with R the dim before K after the move: square tiles over the last two dims)."""
     codes: torch.Tensor
     scales: torch.Tensor
     tensor_scale: torch.Tensor | None  # s_enc for e4m3 scales, else None
@@ -183,9 +184,9 @@ def _check_blockable(x, fmt, dim, rht):
         if K % n != 0:
             raise ValueError(f"dim {dim} of a tensor of shape {tuple(x.shape)} has length {K}, "
                              f"not a multiple of the {what} ({n}); pad it or pick sizes that fit")
-    if fmt.block_2d and (x.dim() != 2 or x.shape[1 - dim] % fmt.block != 0):
-        raise ValueError(f"2D blocks need a 2D tensor with both dims multiples of {fmt.block}, "
-                         f"got shape {tuple(x.shape)}")
+    if fmt.block_2d and (x.dim() < 2 or x.movedim(dim, -1).shape[-2] % fmt.block != 0):
+        raise ValueError(f"2D blocks need a tensor of 2+ dims whose two tiled dims are multiples "
+                         f"of {fmt.block}, got shape {tuple(x.shape)} blocked along dim {dim}")
 
 def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
     """The shared core: x -> (signed grid values in blocked layout, block scales, s_enc)."""
@@ -194,7 +195,7 @@ def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
     if rht:
         xt = rht_transform(xt, rht)
     blocks = _blocked(xt, fmt)                      # [..., n_blocks, block] or 2D tiles
-    red = (1, 3) if fmt.block_2d else (-1,)
+    red = (-3, -1) if fmt.block_2d else (-1,)
     amax = blocks.abs().amax(dim=red, keepdim=True)
     s_enc = tensor_scale_for(xt, fmt) if fmt.scale == "e4m3" else None
     scales = block_scales(amax, grid, fmt.scale, s_enc)
@@ -219,7 +220,7 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
         return kernels.quantize(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed)
     shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
     codes = grid_index(values.abs(), GRIDS[fmt.grid]) | (torch.signbit(values).to(torch.uint8) << 3)
-    scales = scales.squeeze((1, 3)) if fmt.block_2d else scales.squeeze(-1)
+    scales = scales.squeeze((-3, -1)) if fmt.block_2d else scales.squeeze(-1)
     return QTensor(pack_codes(codes.reshape(shape)), scales, s_enc, fmt, tuple(x.shape), x.dtype,
                    dim, rht)
 
@@ -227,7 +228,7 @@ def _blocked(t, fmt):
     """View with the blocks as their own axes: [..., K/b, b], or [R/b, b, K/b, b] for 2D tiles."""
     K, b = t.shape[-1], fmt.block
     if fmt.block_2d:
-        return t.reshape(t.shape[0] // b, b, K // b, b)
+        return t.reshape(*t.shape[:-2], t.shape[-2] // b, b, K // b, b)
     return t.reshape(*t.shape[:-1], K // b, b)
 
 def dequantize(q, dtype=None):
@@ -235,7 +236,7 @@ def dequantize(q, dtype=None):
     codes = unpack_codes(q.codes).long()
     mag = _levels(GRIDS[q.fmt.grid], codes.device)[codes & 7]
     vals = _blocked(torch.where(codes >= 8, -mag, mag), q.fmt)
-    scales = q.scales[:, None, :, None] if q.fmt.block_2d else q.scales[..., None]
+    scales = q.scales[..., :, None, :, None] if q.fmt.block_2d else q.scales[..., None]
     out = (vals * scales).reshape(codes.shape)
     if q.tensor_scale is not None:
         out = out / q.tensor_scale
@@ -425,6 +426,12 @@ def _pad_rows(t, multiple):
     pad = -t.shape[0] % multiple
     return F.pad(t, (0, 0, 0, pad)) if pad else t
 
+def _mm_fp32(a, b):
+    """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
+    if a.dtype == torch.bfloat16 and a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
 def _wgrad_block(recipe):
     g = recipe.wgrad
     return math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
@@ -452,12 +459,13 @@ class FP4LinearFunction(torch.autograd.Function):
             dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype)
             wq = _operand(weight, d, recipe, 0, d.sr_b, seed + 3, weight=True, dtype=dtype)
             dx = (dyq @ wq).to(x.dtype)
-        if ctx.needs_input_grad[1]:   # Wgrad: dW = Q(dy)^T Q(x), reduction over tokens, in fp32
+        if ctx.needs_input_grad[1]:   # Wgrad: dW = Q(dy)^T Q(x), reduction over tokens, fp32 out
             g = recipe.wgrad
             blk = _wgrad_block(recipe)
-            dyq = _operand(_pad_rows(dy, blk), g, recipe, 0, g.sr_a, seed + 4, dtype=torch.float32)
-            xq = _operand(_pad_rows(x, blk), g, recipe, 0, g.sr_b, seed + 5, dtype=torch.float32)
-            dw = (dyq.t() @ xq).to(weight.dtype)
+            wdtype = torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
+            dyq = _operand(_pad_rows(dy, blk), g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype)
+            xq = _operand(_pad_rows(x, blk), g, recipe, 0, g.sr_b, seed + 5, dtype=wdtype)
+            dw = _mm_fp32(dyq.t(), xq).to(weight.dtype)
         return dx, dw, None, None, None
 
 def _sr_seed(recipe):
@@ -492,67 +500,87 @@ class FP4Linear(nn.Linear):
     def extra_repr(self):
         return super().extra_repr() + f", recipe={self.recipe.name}"
 
+def _grouped_mm(a, b, offs, out_dtype=None):
+    """Per-group matmuls in one call (torch._grouped_mm: CPU and CUDA bf16). a [N, K] with row
+    groups ending at offs, b [E, K, M] -> [N, M]; or a [M, N], b [N, K] with groups along N ->
+    [E, M, K]. CUDA's kernel is bf16-only: other dtypes loop over the groups."""
+    if not a.is_cuda:
+        return torch._grouped_mm(a, b, offs=offs).to(out_dtype or a.dtype)
+    if a.dtype == torch.bfloat16:
+        return torch._grouped_mm(a, b, offs=offs, out_dtype=out_dtype)
+    ends = offs.tolist()
+    starts = [0] + ends[:-1]
+    if b.dim() == 3:
+        out = a.new_zeros(a.shape[0], b.shape[-1])
+        for e, (s, t) in enumerate(zip(starts, ends)):
+            out[s:t] = a[s:t] @ b[e]
+        return out
+    return torch.stack([a[:, s:t] @ b[s:t] for s, t in zip(starts, ends)])
+
+def _padded_rows(counts, n_rows, multiple):
+    """Where each row goes when every group is padded to a multiple of `multiple` rows (so no
+    quantization block spans two experts), the padded group ends, and the padded length. No sync:
+    the padded length is the static bound n_rows + E * (multiple - 1), rounded up."""
+    E = counts.numel()
+    padded = (counts + multiple - 1) // multiple * multiple
+    pad_start = torch.cumsum(padded, 0) - padded
+    start = torch.cumsum(counts, 0) - counts
+    group = torch.repeat_interleave(torch.arange(E, device=counts.device), counts, output_size=n_rows)
+    dest = torch.arange(n_rows, device=counts.device) - start[group] + pad_start[group]
+    length = (n_rows + E * (multiple - 1) + multiple - 1) // multiple * multiple
+    return dest, torch.cumsum(padded, 0).to(torch.int32), length
+
 class FP4GroupedFunction(torch.autograd.Function):
-    """MoE experts: rows of x sorted by expert, group e (counts[e] rows) uses weight[e].
-    Each expert's Wgrad blocks cover only its own tokens: each group is padded to the block."""
+    """MoE experts: rows of x sorted by expert, group e (counts[e] rows) uses weight[e] [out, in].
+    The same three quantized GEMMs as FP4LinearFunction, each as one grouped matmul. Fprop and
+    Dgrad quantize along in/out, which never mixes experts; Wgrad's blocks run along tokens, so
+    each expert's group is padded with zero rows to the block first."""
 
     @staticmethod
     def forward(ctx, x, weight, counts, recipe, seed, dtype):
-        ctx.save_for_backward(x, weight)
-        ctx.counts, ctx.recipe, ctx.seed, ctx.dtype = counts, recipe, seed, dtype
+        ctx.save_for_backward(x, weight, counts)
+        ctx.recipe, ctx.seed, ctx.dtype = recipe, seed, dtype
         f = recipe.fprop
-        out = x.new_empty(x.shape[0], weight.shape[1], dtype=dtype)
-        for e, (xe, rows) in enumerate(_groups(x, counts)):
-            xq = _operand(xe, f, recipe, -1, f.sr_a, seed + 6 * e, dtype=dtype)
-            wq = _operand(weight[e], f, recipe, -1, f.sr_b, seed + 6 * e + 1, weight=True, dtype=dtype)
-            out[rows] = xq @ wq.t()
-        return out
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype)
+        wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype)
+        return _grouped_mm(xq, wq.transpose(1, 2), offs)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
+        x, weight, counts = ctx.saved_tensors
         recipe, seed, dtype = ctx.recipe, ctx.seed, ctx.dtype
-        dx = torch.zeros_like(x)
-        dw = torch.zeros_like(weight)
-        d, g, blk = recipe.dgrad, recipe.wgrad, _wgrad_block(recipe)
-        for e, (xe, rows) in enumerate(_groups(x, ctx.counts)):
-            if xe.shape[0] == 0:
-                continue
-            dye, s = dy[rows], seed + 6 * e
-            dyq = _operand(dye, d, recipe, -1, d.sr_a, s + 2, dtype=dtype)
-            wq = _operand(weight[e], d, recipe, 0, d.sr_b, s + 3, weight=True, dtype=dtype)
-            dx[rows] = (dyq @ wq).to(x.dtype)
-            dyq = _operand(_pad_rows(dye, blk), g, recipe, 0, g.sr_a, s + 4, dtype=torch.float32)
-            xq = _operand(_pad_rows(xe, blk), g, recipe, 0, g.sr_b, s + 5, dtype=torch.float32)
-            dw[e] = (dyq.t() @ xq).to(weight.dtype)
-        return dx, dw, None, None, None, None
-
-def _groups(x, counts):
-    start = 0
-    for c in counts:
-        yield x[start:start + c], slice(start, start + c)
-        start += c
+        d, g = recipe.dgrad, recipe.wgrad
+        dy = dy.contiguous()
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype)
+        wq = _operand(weight, d, recipe, 1, d.sr_b, seed + 3, weight=True, dtype=dtype)
+        dx = _grouped_mm(dyq, wq, offs).to(x.dtype)
+        blk = max(_wgrad_block(recipe), 16 if x.is_cuda else 1)  # CUDA wants 16-aligned groups
+        dest, pad_offs, length = _padded_rows(counts, x.shape[0], blk)
+        dy_pad = dy.new_zeros(length, dy.shape[1]).index_copy_(0, dest, dy)
+        x_pad = x.new_zeros(length, x.shape[1]).index_copy_(0, dest, x)
+        wdtype = torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
+        dyq = _operand(dy_pad, g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype)
+        xq = _operand(x_pad, g, recipe, 0, g.sr_b, seed + 5, dtype=wdtype)
+        dw = _grouped_mm(dyq.t(), xq, pad_offs, out_dtype=torch.float32)  # dW accumulates in fp32
+        return dx, dw.to(weight.dtype), None, None, None, None
 
 class GroupedLinear(nn.Module):
     """num_groups independent linears (no bias) applied to row groups: the MoE experts.
-    forward(x [N, in] sorted by group, counts: list of N_e) -> [N, out]."""
+    forward(x [N, in] sorted by group, counts [num_groups] (tensor or list)) -> [N, out]."""
 
     def __init__(self, num_groups, in_features, out_features, recipe="bf16", device=None, dtype=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(num_groups, out_features, in_features,
                                                device=device, dtype=dtype))
-        nn.init.normal_(self.weight, std=in_features ** -0.5)
+        nn.init.normal_(self.weight, std=0.02)
         self.recipe = make_recipe(recipe)
         check_dims(self.recipe, in_features, out_features)
 
     def forward(self, x, counts):
-        counts = [int(c) for c in counts]
-        assert sum(counts) == x.shape[0], "counts must add up to the number of rows"
-        if not self.recipe.quantized:
-            return torch.cat([xe @ self.weight[e].to(xe.dtype).t()
-                              for e, (xe, _) in enumerate(_groups(x, counts))]) if x.shape[0] else \
-                x.new_empty(0, self.out_features)
+        counts = torch.as_tensor(counts, device=x.device).long()
         dtype = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             return FP4GroupedFunction.apply(x, self.weight, counts, self.recipe,
@@ -574,7 +602,7 @@ def convert(model, recipe, blocks_attr="blocks", keep=("router",)):
         for name, mod in list(block.named_modules()):
             if not name or name.split(".")[-1] in keep:
                 continue
-            if isinstance(mod, GroupedLinear):
+            if isinstance(mod, (GroupedLinear, FP4Linear)):  # already converted: just re-recipe
                 check_dims(r, mod.in_features, mod.out_features)
                 mod.recipe = r
             elif isinstance(mod, nn.Linear):

@@ -470,6 +470,33 @@ def test_grouped_linear_equals_per_expert_linear():
     assert torch.allclose(y[:20], x[:20] @ g.weight[0].t()) and torch.allclose(y[20:], x[20:] @ g.weight[2].t())
 
 
+def test_2d_tiles_on_expert_weights_match_per_matrix():
+    w = torch.randn(3, 32, 48)
+    fmt = fp4.replace(fp4.FORMATS["nvfp4"], block_2d=True)
+    fmt_t = fp4.replace(fp4.FORMATS["ufp4"], block_2d=True)
+    for f in (fmt, fmt_t):
+        for dim in (1, 2):
+            got = fp4.fake_quant(w, f, dim=dim)
+            if f.scale == "fp32":  # the tensor scale of e4m3 spans all experts, so only fp32 is per-matrix
+                for e in range(3):
+                    assert torch.equal(got[e], fp4.fake_quant(w[e], f, dim=dim - 1))
+        assert torch.equal(fp4.fake_quant(w, f, dim=1), fp4.fake_quant(w, f, dim=2))
+
+
+@pytest.mark.parametrize("name", ["ufp4", "nvfp4", "mxfp4", "bf16"])
+def test_grouped_linear_all_presets_train(name):
+    torch.manual_seed(5)
+    g = fp4.GroupedLinear(4, 64, 32, recipe=name)
+    x = torch.randn(45, 64, requires_grad=True)
+    counts = torch.tensor([7, 0, 30, 8])
+    y = g(x, counts)
+    y.square().sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(g.weight.grad).all()
+    assert (g.weight.grad[1] == 0).all() and (g.weight.grad[0] != 0).any()
+    exact = torch.cat([x[:7] @ g.weight[0].t(), x[7:37] @ g.weight[2].t(), x[37:] @ g.weight[3].t()])
+    assert (y - exact).norm() / exact.norm() < (1e-6 if name == "bf16" else 0.2)
+
+
 def test_convert_swaps_block_linears_only():
     class Block(nn.Module):
         def __init__(self):
@@ -491,6 +518,8 @@ def test_convert_swaps_block_linears_only():
     assert m.blocks[2].qkv.recipe.name == "bf16" and m.blocks[2].experts.recipe.name == "bf16"
     assert type(m.blocks[0].router) is nn.Linear and type(m.lm_head) is nn.Linear
     assert set(m.state_dict()) == set(Model().state_dict())
+    fp4.convert(m, "e2m1")  # converting again only changes the recipe
+    assert m.blocks[0].qkv.recipe.name == "e2m1" and m.blocks[0].qkv.weight is w
 
 
 # ---------------------------------------------------------------- shrinkage diagnostics
