@@ -123,8 +123,9 @@ def pip_download(requirement, cache_dir=DEFAULT_CACHE_DIR, wheel=False, sha256=N
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.replace(tmp, target)
     path = os.path.join(target, sorted(os.listdir(target))[0])
-    if sha256 is not None and sha256_file(path) != sha256:
-        raise ValueError(f"{path} has sha256 {sha256_file(path)}, expected {sha256}: "
+    actual = sha256_file(path) if sha256 is not None else None
+    if actual != sha256:
+        raise ValueError(f"{path} has sha256 {actual}, expected {sha256}: "
                          f"delete {target}/ and download {requirement} again")
     return path
 
