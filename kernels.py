@@ -1,0 +1,744 @@
+"""
+kernels.py: Triton versions of fp4.py's quantizers, a dequantizer and a GEMM over packed 4-bit
+operands. Same signatures and meaning as fp4.py; with RTNE the same bits (codes, scales,
+dequantized values); stochastic rounding draws its own random numbers (same distribution).
+
+  quantize(x, fmt, dim, rounding, rht, seed)               -> fp4.QTensor (packed codes + scales)
+  fake_quant(x, fmt, dim, rounding, rht, seed, dtype)      -> dequantize(quantize(x)), one pass
+  quantize_both(x, fmt, ...)                                -> row-wise and column-wise results of a
+                                                               2D tensor from one read of it
+  dequantize(q, dtype)                                      -> tensor in the original layout
+  fp4_matmul(qa, qb, dtype)                                 -> a @ b^T from packed operands
+
+How a tile is quantized (one program, `_quant_tile`): load [R, C] -> optional RHT butterfly in the
+reference's add order -> block amax (NaN/Inf flagged separately: Triton's max may drop NaN) ->
+block scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale with
+tl.div_rn -> round to the grid (RTNE by integer arithmetic, or SR with 16 Philox bits per
+element) -> code, dequantized value. NVFP4's tensor amax (after RHT) comes from a first pass,
+`_amax_kernel`, whose per-program maxima torch reduces (no host sync). fp32 -> bf16 casts happen
+on the GPU in the kernel (hardware RNE); under TRITON_INTERPRET the kernel writes fp32 and torch
+casts (the interpreter truncates).
+
+AVAILABLE is True when triton imports and a CUDA device exists; fp4.py's dispatch uses it.
+Under TRITON_INTERPRET=1 the same functions run on CPU tensors (what CI tests).
+"""
+import math
+import os
+
+import torch
+
+import fp4
+
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except ImportError:  # the module still imports: fp4.py falls back to its torch reference
+    HAVE_TRITON = False
+
+    class _Shim:
+        constexpr = None
+
+        def jit(self, fn=None, **kw):
+            return fn if fn is not None else (lambda f: f)
+    triton = tl = _Shim()
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+AVAILABLE = HAVE_TRITON and torch.cuda.is_available()
+
+_SCALE_ID = {"fp32": 0, "e4m3": 1, "e8m0": 2}
+_FLT_MAX = 3.4028234663852886e38
+
+# -----------------------------------------------------------------------------
+# Device helpers
+
+
+@triton.jit
+def _bfly(y, T: tl.constexpr, H: tl.constexpr):
+    """One butterfly stage on T elements: in each group of 2H, (a, b) at distance H -> (a+b, a-b)
+    (fp4.rht_transform's stack((a + b, a - b)) in the same order)."""
+    if H == 1:
+        a, b = tl.split(tl.reshape(y, [T // 2, 2]))
+        return tl.reshape(tl.join(a + b, a - b), [T // 2, 2])
+    else:
+        y3 = tl.permute(tl.reshape(y, [T // (2 * H), 2, H]), (0, 2, 1))
+        a, b = tl.split(y3)
+        return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [T // (2 * H), 2 * H])
+
+
+@triton.jit
+def _rht(x, signs_ptr, R: tl.constexpr, C: tl.constexpr, N: tl.constexpr, INV: tl.constexpr):
+    """x [R, C] fp32 -> x Q on N-chunks along axis 1: signs, Walsh-Hadamard butterfly, * 1/sqrt(N)."""
+    T: tl.constexpr = R * C
+    s = tl.load(signs_ptr + tl.arange(0, N))
+    y = tl.reshape(x, [T // N, N]) * s[None, :]
+    y = _bfly(y, T, 1)
+    y = _bfly(y, T, 2)
+    y = _bfly(y, T, 4)
+    y = _bfly(y, T, 8)
+    if N > 16:
+        y = _bfly(y, T, 16)
+    if N > 32:
+        y = _bfly(y, T, 32)
+    if N > 64:
+        y = _bfly(y, T, 64)
+    return tl.reshape(y, [R, C]) * INV
+
+
+@triton.jit
+def _rtne_int(k):
+    """k >= 0 (fp32, < 2^31) -> nearest integer, ties to even, as int32 (exact, no libdevice)."""
+    i = k.to(tl.int32)  # truncation = floor for k >= 0
+    f = k - i.to(tl.float32)
+    up = (f > 0.5) | ((f == 0.5) & ((i & 1) == 1))
+    return i + up.to(tl.int32)
+
+
+@triton.jit
+def _round_e4m3(s):
+    """0 <= s <= 448 (or NaN) fp32 -> nearest e4m3 value (ties to even), as fp32. Explicit bits:
+    the interpreter's fp8 cast rounds ties away from zero."""
+    bits = s.to(tl.int32, bitcast=True)
+    nb = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # keep 3 mantissa bits (0xFFF00000)
+    normal = nb.to(tl.float32, bitcast=True)
+    sub = _rtne_int(s * 512.0).to(tl.float32) * 0.001953125  # subnormals: multiples of 2^-9
+    r = tl.where(s >= 0.015625, normal, sub)
+    return tl.where(s != s, s, r)
+
+
+@triton.jit
+def _grid_mag(idx, NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr,
+              ST1: tl.constexpr, ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
+    """grid index 0..7 (int32) -> magnitude (fp32), from the grid's uniform pieces."""
+    m = idx.to(tl.float32) * ST0
+    if NSEG > 1:
+        m = tl.where(idx >= I1, S1 + (idx - I1).to(tl.float32) * ST1, m)
+    if NSEG > 2:
+        m = tl.where(idx >= I2, S2 + (idx - I2).to(tl.float32) * ST2, m)
+    return m
+
+
+@triton.jit
+def _randbits16(seed, roff, R: tl.constexpr, C: tl.constexpr):
+    """16 random bits per element of an [R, C] tile from one Philox call per 8 elements;
+    roff [R, C // 8] int32 are the element-group counters (distinct across the tensor)."""
+    r0, r1, r2, r3 = tl.randint4x(seed, roff)
+    u = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 8, 4])
+    u = tl.join(u & 0xFFFF, u >> 16)
+    return tl.reshape(u, [R, C]).to(tl.float32)
+
+
+@triton.jit
+def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
+                QMAX: tl.constexpr, EMAX: tl.constexpr, NSEG: tl.constexpr,
+                S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
+                ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
+                BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr):
+    """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
+    Returns codes [R, C] int32, stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK] for 2D tiles)
+    and dequantized values [R, C] fp32 (already divided by s_enc for e4m3)."""
+    NB: tl.constexpr = C // BLOCK
+    xb = tl.reshape(x, [R, NB, BLOCK])
+    xa = tl.abs(xb)
+    bad_el = tl.where(xa <= 3.4028234663852886e38, 0, 1)  # NaN or Inf
+    if B2D:
+        amax = tl.max(tl.max(tl.reshape(xa, [R // BLOCK, BLOCK, NB, BLOCK]), axis=3), axis=1)
+        bad = tl.max(tl.max(tl.reshape(bad_el, [R // BLOCK, BLOCK, NB, BLOCK]), axis=3), axis=1)
+    else:
+        amax = tl.max(xa, axis=2)
+        bad = tl.max(bad_el, axis=2)
+    qm = tl.zeros_like(amax) + QMAX
+    if SCALE == 0:    # fp32: amax / qmax
+        sc = tl.div_rn(amax, qm)
+    elif SCALE == 1:  # e4m3: e4m3_rtne(min(amax / qmax * s_enc, 448))
+        sc = tl.div_rn(amax, qm) * s_enc
+        sc = _round_e4m3(tl.where(sc > 448.0, 448.0, sc))
+    else:             # e8m0: 2^(floor(log2 amax) - EMAX) clamped to 2^[-127, 127]
+        ebits = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        e = tl.maximum(ebits - 127 - EMAX, -127)
+        pw = tl.where(e >= -126, (e + 127) << 23, 0x400000).to(tl.float32, bitcast=True)
+        sc = tl.where(amax > 0, pw, 0.0)
+    sc = tl.where(bad > 0, float("nan"), sc)
+    if B2D:  # tile scales -> one per row and block
+        sc_rows = tl.reshape(tl.broadcast_to(sc[:, None, :], [R // BLOCK, BLOCK, NB]), [R, NB])
+    else:
+        sc_rows = sc
+    scb = tl.broadcast_to(sc_rows[:, :, None], [R, NB, BLOCK])
+    if SCALE == 1:
+        t = tl.div_rn(xb * s_enc, scb)
+    else:
+        t = tl.div_rn(xb, scb)
+    t = tl.where(scb > 0, t, 0.0)  # zero blocks and NaN scales: code 0 (+0)
+    sign = t.to(tl.int32, bitcast=True) & -2147483648  # 0x80000000
+    a = tl.minimum(tl.abs(t), QMAX)
+    start = tl.zeros_like(a)
+    inv = tl.zeros_like(a) + 1.0 / ST0
+    i0 = tl.zeros_like(sign)
+    if NSEG > 1:
+        in1 = a >= S1
+        start = tl.where(in1, S1, start)
+        inv = tl.where(in1, 1.0 / ST1, inv)
+        i0 = tl.where(in1, I1, i0)
+    if NSEG > 2:
+        in2 = a >= S2
+        start = tl.where(in2, S2, start)
+        inv = tl.where(in2, 1.0 / ST2, inv)
+        i0 = tl.where(in2, I2, i0)
+    k = (a - start) * inv  # exact: steps are powers of two
+    if SR:  # round up with probability frac(k), from 16 random bits (centred)
+        rnd = tl.reshape(_randbits16(seed, roff, R, C), [R, NB, BLOCK])
+        kl = k.to(tl.int32)
+        fr = (k - kl.to(tl.float32)) * 65536.0
+        ki = kl + ((rnd + 0.5) < fr).to(tl.int32)
+    else:
+        ki = _rtne_int(k)
+    idx = tl.minimum(i0 + ki, 7)
+    mag = _grid_mag(idx, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
+    val = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)  # keeps -0.0
+    deq = val * scb
+    if SCALE == 1:
+        deq = tl.div_rn(deq, tl.zeros_like(deq) + s_enc)
+    code = idx | (sign >> 28 & 8)
+    return tl.reshape(code, [R, C]), sc, tl.reshape(deq, [R, C])
+
+
+@triton.jit
+def _pack(code, R: tl.constexpr, C: tl.constexpr):
+    lo, hi = tl.split(tl.reshape(code, [R, C // 2, 2]))
+    return (lo | (hi << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _store_side(code, sc, deq, a, r0, k0, NR, NK, stride_fr, stride_fk, fake_ptr, codes_ptr,
+                scales_ptr, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
+                B2D: tl.constexpr, FAKE: tl.constexpr, PACKED: tl.constexpr, TRANS: tl.constexpr):
+    """Store one orientation's results of a tile whose rows are r0 + [0, R) and blocked
+    columns k0 + [0, C), within a [NR, NK] problem (batch a). Codes/scales go to the packed
+    layout [a, NR, NK/2] / [a, NR, NK/BLOCK]; the fake output to the original layout (strides
+    stride_fr, stride_fk; TRANS: the tile is stored transposed, rows contiguous)."""
+    rr = r0 + tl.arange(0, R)
+    kk = k0 + tl.arange(0, C)
+    if FAKE:
+        if TRANS:
+            d = tl.trans(deq)
+            off = a * NR * NK + rr[None, :].to(tl.int64) * stride_fr + kk[:, None].to(tl.int64) * stride_fk
+            m = (rr[None, :] < NR) & (kk[:, None] < NK)
+        else:
+            d = deq
+            off = a * NR * NK + rr[:, None].to(tl.int64) * stride_fr + kk[None, :].to(tl.int64) * stride_fk
+            m = (rr[:, None] < NR) & (kk[None, :] < NK)
+        tl.store(fake_ptr + off, d.to(fake_ptr.dtype.element_ty), mask=m)
+    if PACKED:
+        kh = k0 // 2 + tl.arange(0, C // 2)
+        off = (a * NR + rr[:, None].to(tl.int64)) * (NK // 2) + kh[None, :]
+        tl.store(codes_ptr + off, _pack(code, R, C), mask=(rr[:, None] < NR) & (kh[None, :] < NK // 2))
+        NB: tl.constexpr = C // BLOCK
+        kb = k0 // BLOCK + tl.arange(0, NB)
+        if B2D:
+            rb = r0 // BLOCK + tl.arange(0, R // BLOCK)
+            off = rb[:, None] * (NK // BLOCK) + kb[None, :]
+            m = (rb[:, None] < NR // BLOCK) & (kb[None, :] < NK // BLOCK)
+        else:
+            off = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
+            m = (rr[:, None] < NR) & (kb[None, :] < NK // BLOCK)
+        tl.store(scales_ptr + off, sc, mask=m)
+
+
+@triton.jit
+def _quant_kernel(x_ptr, M, N,
+                  r_fake, r_codes, r_scales, r_senc, r_signs, r_seed,
+                  c_fake, c_codes, c_scales, c_senc, c_signs, c_seed,
+                  BM: tl.constexpr, BN: tl.constexpr, FAKE: tl.constexpr, PACKED: tl.constexpr,
+                  DO_ROW: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
+                  R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
+                  R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
+                  R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
+                  R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
+                  R_RHT: tl.constexpr, R_INV: tl.constexpr,
+                  DO_COL: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
+                  C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
+                  C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
+                  C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
+                  C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
+                  C_RHT: tl.constexpr, C_INV: tl.constexpr):
+    """x: [A, M, N] contiguous; one [BM, BN] tile per program, read once. Row side: blocks along
+    N (outputs [A, M, N/2] codes); column side: blocks along M (outputs [A, N, M/2] codes, the
+    blocked dim moved last as in fp4.py); fake outputs in x's layout."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    a = tl.program_id(2).to(tl.int64)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    off = a * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
+    x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    if DO_ROW:
+        xr = x
+        if R_RHT > 0:
+            xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV)
+        s_enc = 1.0
+        if R_SCALE == 1:
+            s_enc = tl.load(r_senc)
+        roff = 0
+        if R_SR:
+            roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // 8) + pid_n * (BN // 8) + tl.arange(0, BN // 8)[None, :]
+        code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_NSEG,
+                                    R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
+                                    R_BLOCK, R_SCALE, R_B2D, R_SR)
+        _store_side(code, sc, deq, a, pid_m * BM, pid_n * BN, M, N, N, 1, r_fake, r_codes, r_scales,
+                    BM, BN, R_BLOCK, R_B2D, FAKE, PACKED, False)
+    if DO_COL:
+        xc = tl.trans(x)  # [BN, BM]: blocks along M
+        if C_RHT > 0:
+            xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV)
+        s_enc = 1.0
+        if C_SCALE == 1:
+            s_enc = tl.load(c_senc)
+        roff = 0
+        if C_SR:
+            roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // 8) + pid_m * (BM // 8) + tl.arange(0, BM // 8)[None, :]
+        code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_NSEG,
+                                    C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
+                                    C_BLOCK, C_SCALE, C_B2D, C_SR)
+        _store_side(code, sc, deq, a, pid_n * BN, pid_m * BM, N, M, 1, N, c_fake, c_codes, c_scales,
+                    BN, BM, C_BLOCK, C_B2D, FAKE, PACKED, True)
+
+
+@triton.jit
+def _amax_kernel(x_ptr, part_ptr, M, N, signs_ptr, BM: tl.constexpr, BN: tl.constexpr,
+                 COL: tl.constexpr, RHT: tl.constexpr, INV: tl.constexpr):
+    """Per-program max |x| (after the RHT along N, or along M when COL); NaN if the tile has NaN."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    a = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    off = a.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
+    x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    if RHT > 0:
+        if COL:
+            x = _rht(tl.trans(x), signs_ptr, BN, BM, RHT, INV)
+        else:
+            x = _rht(x, signs_ptr, BM, BN, RHT, INV)
+    m = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    nan = tl.max(tl.max(tl.where(x != x, 1, 0), axis=1), axis=0)
+    m = tl.where(nan > 0, float("nan"), m)
+    pid = (a * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m
+    tl.store(part_ptr + pid, m)
+
+
+@triton.jit
+def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, stride_ok,
+                    BR: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr, B2D: tl.constexpr,
+                    HAS_TS: tl.constexpr, TRANS: tl.constexpr, NSEG: tl.constexpr,
+                    S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
+                    ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
+    """codes [A, NR, NK/2] + scales -> values in the original layout (batch a, strides)."""
+    pid_r = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    a = tl.program_id(2).to(tl.int64)
+    rr = pid_r * BR + tl.arange(0, BR)
+    kh = pid_k * (BK // 2) + tl.arange(0, BK // 2)
+    m2 = (rr[:, None] < NR) & (kh[None, :] < NK // 2)
+    c = tl.load(codes_ptr + (a * NR + rr[:, None].to(tl.int64)) * (NK // 2) + kh[None, :], mask=m2, other=0)
+    c = c.to(tl.int32)
+    code = tl.reshape(tl.join(c & 15, c >> 4), [BR, BK])
+    NB: tl.constexpr = BK // BLOCK
+    kb = pid_k * NB + tl.arange(0, NB)
+    if B2D:
+        rb = rr // BLOCK
+        soff = rb[:, None] * (NK // BLOCK) + kb[None, :]
+    else:
+        soff = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
+    sc = tl.load(scales_ptr + soff, mask=(rr[:, None] < NR) & (kb[None, :] < NK // BLOCK), other=0.0)
+    mag = _grid_mag(code & 7, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
+    val = (mag.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+    out = tl.reshape(tl.reshape(val, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
+    if HAS_TS:
+        out = tl.div_rn(out, tl.zeros_like(out) + tl.load(ts_ptr))
+    kk = pid_k * BK + tl.arange(0, BK)
+    if TRANS:
+        o = tl.trans(out)
+        off = a * NR * NK + rr[None, :].to(tl.int64) * stride_or + kk[:, None].to(tl.int64) * stride_ok
+        m = (rr[None, :] < NR) & (kk[:, None] < NK)
+    else:
+        o = out
+        off = a * NR * NK + rr[:, None].to(tl.int64) * stride_or + kk[None, :].to(tl.int64) * stride_ok
+        m = (rr[:, None] < NR) & (kk[None, :] < NK)
+    tl.store(out_ptr + off, o.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _unpack_operand(codes_ptr, scales_ptr, rows, R, K, k0, BR: tl.constexpr, BK: tl.constexpr,
+                    BLOCK: tl.constexpr, B2D: tl.constexpr, GRID: tl.constexpr,
+                    NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr,
+                    ST1: tl.constexpr, ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
+                    DOT_FP32: tl.constexpr):
+    """Packed [BR, BK] tile of a K-blocked operand -> grid value * block scale, rounded to bf16
+    (returned as bf16, or as bf16-valued fp32 when DOT_FP32 for the interpreter)."""
+    kh = k0 // 2 + tl.arange(0, BK // 2)
+    rmask = rows[:, None] < R
+    c = tl.load(codes_ptr + rows[:, None].to(tl.int64) * (K // 2) + kh[None, :],
+                mask=rmask & (kh[None, :] < K // 2), other=0).to(tl.int32)
+    code = tl.reshape(tl.join(c & 15, c >> 4), [BR, BK])
+    NB: tl.constexpr = BK // BLOCK
+    kb = k0 // BLOCK + tl.arange(0, NB)
+    if B2D:
+        soff = (rows // BLOCK)[:, None] * (K // BLOCK) + kb[None, :]
+    else:
+        soff = rows[:, None].to(tl.int64) * (K // BLOCK) + kb[None, :]
+    sc = tl.load(scales_ptr + soff, mask=rmask & (kb[None, :] < K // BLOCK), other=0.0)
+    i = code & 7
+    if GRID == 0:   # e2m1: the index's bits e e m as fp32 bits, rebiased; 0 and 0.5 by hand
+        mag = ((i << 22) + 0x3F000000).to(tl.float32, bitcast=True)
+        mag = tl.where(i < 2, i.to(tl.float32) * 0.5, mag)
+    else:
+        mag = _grid_mag(i, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
+    val = (mag.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+    v = tl.reshape(tl.reshape(val, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
+    if DOT_FP32:  # RNE to bf16 by bits (the interpreter's cast truncates), kept in fp32
+        b = v.to(tl.int32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+        return tl.where(v != v, v, b.to(tl.float32, bitcast=True))
+    else:
+        return v.to(tl.bfloat16)
+
+
+@triton.jit
+def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N, K,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                   A_BLOCK: tl.constexpr, A_B2D: tl.constexpr, A_TS: tl.constexpr,
+                   A_GRID: tl.constexpr, A_NSEG: tl.constexpr, A_S1: tl.constexpr,
+                   A_S2: tl.constexpr, A_ST0: tl.constexpr, A_ST1: tl.constexpr,
+                   A_ST2: tl.constexpr, A_I1: tl.constexpr, A_I2: tl.constexpr,
+                   B_BLOCK: tl.constexpr, B_B2D: tl.constexpr, B_TS: tl.constexpr,
+                   B_GRID: tl.constexpr, B_NSEG: tl.constexpr, B_S1: tl.constexpr,
+                   B_S2: tl.constexpr, B_ST0: tl.constexpr, B_ST1: tl.constexpr,
+                   B_ST2: tl.constexpr, B_I1: tl.constexpr, B_I2: tl.constexpr,
+                   DOT_FP32: tl.constexpr):
+    """C[M, N] = A B^T from packed operands quantized along K: dequantized to bf16 in the main
+    loop, fp32 accumulation, 1 / (tensor scales) in the epilogue."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gm = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % gm
+    pid_n = (pid % group) // gm
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = _unpack_operand(a_codes, a_scales, rm, M, K, k0, BM, BK, A_BLOCK, A_B2D, A_GRID,
+                            A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
+        b = _unpack_operand(b_codes, b_scales, rn, N, K, k0, BN, BK, B_BLOCK, B_B2D, B_GRID,
+                            B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
+        acc = tl.dot(a, tl.trans(b), acc)
+    if A_TS:
+        acc = tl.div_rn(acc, tl.zeros_like(acc) + tl.load(a_ts))
+    if B_TS:
+        acc = tl.div_rn(acc, tl.zeros_like(acc) + tl.load(b_ts))
+    off = rm[:, None].to(tl.int64) * N + rn[None, :]
+    tl.store(c_ptr + off, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# -----------------------------------------------------------------------------
+# Host side
+
+_SIGNS = {}
+
+
+def _signs(n, device):
+    key = (n, str(device))
+    if key not in _SIGNS:
+        _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
+    return _SIGNS[key]
+
+
+def _grid_meta(grid_name):
+    grid = fp4.GRIDS[grid_name]
+    segs = fp4._segments(grid)
+    if len(segs) > 3 or grid.levels[0] != 0.0 or len(grid.levels) != 8:
+        raise ValueError(f"grid {grid_name!r}: kernels handle 8 levels from 0 in at most 3 pieces")
+    for _, st, _ in segs:
+        if math.frexp(st)[0] != 0.5:
+            raise ValueError(f"grid {grid_name!r}: steps must be powers of two")
+    pad = segs + [(grid.qmax, 1.0, 8)] * (3 - len(segs))
+    return dict(NSEG=len(segs), S1=float(pad[1][0]), S2=float(pad[2][0]), ST0=float(pad[0][1]),
+                ST1=float(pad[1][1]), ST2=float(pad[2][1]), I1=int(pad[1][2]), I2=int(pad[2][2]))
+
+
+def _side_meta(fmt, rounding, rht, p):
+    if rounding not in ("rtne", "sr"):
+        raise ValueError(f"unknown rounding {rounding!r}; valid: 'rtne', 'sr'")
+    if rht and rht not in fp4.RHT_SIZES:
+        raise ValueError(f"RHT size must be one of {fp4.RHT_SIZES}, got {rht}")
+    grid = fp4.GRIDS[fmt.grid]
+    m = dict(QMAX=float(grid.qmax), EMAX=int(math.floor(math.log2(grid.qmax))),
+             BLOCK=fmt.block, SCALE=_SCALE_ID[fmt.scale], B2D=bool(fmt.block_2d),
+             SR=rounding == "sr", RHT=int(rht or 0), INV=float(1.0 / math.sqrt(rht or 1)))
+    m.update(_grid_meta(fmt.grid))
+    return {p + k: v for k, v in m.items()}
+
+
+def _off_meta(p):
+    return {p + "QMAX": 1.0, p + "EMAX": 0, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
+            p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
+            p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
+            p + "INV": 1.0}
+
+
+def _seed(seed):
+    if seed is None:  # like the reference: drawn from torch's global (CPU) generator
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    return int(seed) % (2**31 - 1)
+
+
+def _need(fmt, rht):
+    return math.lcm(fmt.block, rht or 1)
+
+
+def _pow2_at_least(n, lo):
+    return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
+
+
+def _tile(M, N, row, col, cfg=None):
+    """Tile [BM, BN]: BN a multiple of what the row side needs, BM of what the column side needs."""
+    if cfg:
+        return cfg
+    need_n = row if row else 1
+    need_m = col if col else 1
+    if row and not col:  # rows of contiguous blocks: wide along N
+        BN = max(need_n, min(128, _pow2_at_least(N, 16)))
+        BM = max(need_m, min(max(4096 // BN, 16), _pow2_at_least(M, 16)))
+    else:
+        BM = max(need_m, 64 if INTERPRET else 64)
+        BN = max(need_n, min(128, _pow2_at_least(N, 16)))
+    return BM, BN
+
+
+def _num_warps(BM, BN):
+    return 8 if BM * BN >= 8192 else 4
+
+
+def _tensor_scale(x3, fmt, rht, col, BM, BN):
+    """NVFP4's s_enc from a first pass over x (after the RHT, along N or along M when col)."""
+    A, M, N = x3.shape
+    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
+    part = torch.empty(grid[0] * grid[1] * grid[2], device=x3.device, dtype=torch.float32)
+    signs = _signs(rht, x3.device) if rht else part
+    _amax_kernel[grid](x3, part, M, N, signs, BM=BM, BN=BN, COL=bool(col), RHT=int(rht or 0),
+                       INV=float(1.0 / math.sqrt(rht or 1)), num_warps=_num_warps(BM, BN))
+    return fp4.tensor_scale_for(part, fmt)   # the reference formula on the same amax
+
+
+class _Side:
+    """One orientation's request and outputs."""
+
+    def __init__(self, fmt, rounding, rht, seed):
+        self.fmt, self.rounding, self.rht = fmt, rounding, rht
+        self.seed = _seed(seed) if rounding == "sr" else 0
+
+
+def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
+    """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
+    A, M, N = x3.shape
+    dev = x3.device
+    BM, BN = _tile(M, N, row and _need(row.fmt, row.rht), col and _need(col.fmt, col.rht), cfg)
+    if row and row.fmt.block_2d:
+        BM = max(BM, row.fmt.block)
+    if col and col.fmt.block_2d:
+        BN = max(BN, col.fmt.block)
+    fake_dtype = torch.float32 if INTERPRET else out_dtype
+    if fake_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        fake_dtype = torch.float32
+    dummy = torch.empty(1, device=dev, dtype=torch.float32)
+    args, meta = [], {}
+    senc_cache = {}
+    for side, p, col_side in ((row, "R_", False), (col, "C_", True)):
+        if side is None:
+            args += [dummy, dummy, dummy, dummy, dummy, 0]
+            meta.update(_off_meta(p))
+            meta["DO_ROW" if p == "R_" else "DO_COL"] = False
+            continue
+        fmt, blk = side.fmt, side.fmt.block
+        NR, NK = (N, M) if col_side else (M, N)
+        side.fake = torch.empty((A, M, N), device=dev, dtype=fake_dtype) if fake else None
+        if packed:
+            side.codes = torch.empty((A, NR, NK // 2), device=dev, dtype=torch.uint8)
+            sshape = (NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
+            side.scales = torch.empty(sshape, device=dev, dtype=torch.float32)
+        else:
+            side.codes = side.scales = None
+        side.s_enc = None
+        if fmt.scale == "e4m3":
+            key = (side.rht if side.rht else 0, col_side if side.rht else None, fmt.grid)
+            if key not in senc_cache:
+                senc_cache[key] = _tensor_scale(x3, fmt, side.rht, col_side, BM, BN)
+            side.s_enc = senc_cache[key]
+        args += [side.fake if fake else dummy, side.codes if packed else dummy,
+                 side.scales if packed else dummy, side.s_enc if side.s_enc is not None else dummy,
+                 _signs(side.rht, dev) if side.rht else dummy, side.seed]
+        meta.update(_side_meta(fmt, side.rounding, side.rht, p))
+        meta["DO_ROW" if p == "R_" else "DO_COL"] = True
+    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
+    if M * N * A:
+        _quant_kernel[grid](x3, M, N, *args, BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed),
+                            num_warps=_num_warps(BM, BN), **meta)
+    for side in (row, col):
+        if side is not None and fake and side.fake.dtype != out_dtype:
+            side.fake = side.fake.to(out_dtype)
+
+
+def _as3(x, dim):
+    """x -> ([A, M, N] contiguous view, is_column): blocks along N (dim last) or along M."""
+    shape = x.shape
+    A = math.prod(shape[:dim])
+    B = math.prod(shape[dim + 1:])
+    xc = x.contiguous()
+    if B == 1:
+        return xc.view(1, A, shape[dim]), False
+    return xc.view(A, shape[dim], B), True
+
+
+def _prep(x, fmt, dim, rht):
+    fmt = fp4.get_format(fmt)
+    dim = dim % x.dim()
+    fp4._check_blockable(x, fmt, dim, rht)
+    return fmt, dim
+
+
+def _qtensor(x, side, dim, moved_shape):
+    fmt = side.fmt
+    codes = side.codes.reshape(*moved_shape[:-1], moved_shape[-1] // 2)
+    scales = side.scales if fmt.block_2d else side.scales.reshape(*moved_shape[:-1], moved_shape[-1] // fmt.block)
+    return fp4.QTensor(codes, scales, side.s_enc, fmt, tuple(x.shape), x.dtype, dim, side.rht)
+
+
+def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
+    """fp4.quantize on the GPU (or under TRITON_INTERPRET): -> fp4.QTensor."""
+    fmt, dim = _prep(x, fmt, dim, rht)
+    x3, is_col = _as3(x, dim)
+    side = _Side(fmt, rounding, rht, seed)
+    _run(x3, None if is_col else side, side if is_col else None, True, False, None, _cfg)
+    return _qtensor(x, side, dim, x.movedim(dim, -1).shape)
+
+
+def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None, _cfg=None):
+    """fp4.fake_quant: the dequantized values (in the RHT basis if rht), in dtype or x.dtype,
+    in x's layout (contiguous)."""
+    fmt, dim = _prep(x, fmt, dim, rht)
+    x3, is_col = _as3(x, dim)
+    side = _Side(fmt, rounding, rht, seed)
+    _run(x3, None if is_col else side, side if is_col else None, False, True, dtype or x.dtype, _cfg)
+    return side.fake.view(x.shape)
+
+
+def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
+                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, _cfg=None):
+    """A 2D tensor [M, K] quantized row-wise (blocks along dim 1) and column-wise (blocks along
+    dim 0) from one read: returns (row, col), each what fake_quant (packed=False) or quantize
+    (packed=True) returns for dim=1 and dim=0 with that side's format, rounding, RHT and seed.
+    fmt_col / rounding_col default to the row side's; rht_col='same' too."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_both takes a 2D tensor, got shape {tuple(x.shape)}")
+    fmt_r, _ = _prep(x, fmt, 1, rht)
+    fmt_c, _ = _prep(x, fmt_col if fmt_col is not None else fmt_r, 0,
+                     rht if rht_col == "same" else rht_col)
+    rc = rht if rht_col == "same" else rht_col
+    row = _Side(fmt_r, rounding, rht, seed)
+    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col)
+    x3 = x.contiguous().view(1, *x.shape)
+    _run(x3, row, col, packed, not packed, dtype or x.dtype, _cfg)
+    if packed:
+        return (_qtensor(x, row, 1, x.shape), _qtensor(x, col, 0, x.t().shape))
+    return row.fake.view(x.shape), col.fake.view(x.shape)
+
+
+def dequantize(q, dtype=None):
+    """fp4.dequantize: QTensor -> tensor of the original shape (contiguous), in dtype or q.dtype."""
+    fmt = q.fmt
+    shape, dim = q.shape, q.dim
+    A = math.prod(shape[:dim])
+    B = math.prod(shape[dim + 1:])
+    K = shape[dim]
+    out_dtype = dtype or q.dtype
+    kdtype = torch.float32 if INTERPRET or out_dtype not in (torch.bfloat16, torch.float16) else out_dtype
+    out = torch.empty(shape, device=q.codes.device, dtype=kdtype)
+    trans = B > 1
+    NR, Ab = (B, A) if trans else (A, 1)
+    BR = 64 if trans else min(64, _pow2_at_least(NR, 16))
+    BK = 64 if trans else 128
+    if fmt.block_2d:
+        BR = max(BR, fmt.block)
+    BK = max(BK, fmt.block)
+    codes = q.codes.contiguous()
+    scales = q.scales.contiguous()
+    ts = q.tensor_scale if q.tensor_scale is not None else scales
+    grid = (triton.cdiv(NR, BR), triton.cdiv(K, BK), Ab)
+    if out.numel():
+        _dequant_kernel[grid](codes, scales, ts, out, NR, K, 1 if trans else K, B if trans else 1,
+                              BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
+                              HAS_TS=q.tensor_scale is not None, TRANS=trans,
+                              num_warps=4, **_grid_meta(fmt.grid))
+    return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+_MM_CFG = None  # (BM, BN, BK, GROUP_M, num_warps, num_stages) override, for benchmarks
+
+
+def _mm_config(M, N, K):
+    if INTERPRET:
+        return 32, 32, 64, 4, 4, 1
+    if _MM_CFG:
+        return _MM_CFG
+    if M >= 2048 and N >= 2048:
+        return 128, 256, 64, 8, 8, 3
+    return 128, 128, 64, 8, 4, 3
+
+
+def fp4_matmul(qa, qb, dtype=None):
+    """a @ b^T for QTensors quantized along their last dim (qa: [M, K], qb: [N, K], both 2D):
+    packed codes + block scales are dequantized to bf16 inside the GEMM's main loop, products
+    accumulate in fp32, the tensor scales (NVFP4) divide the result. Returns [M, N] in dtype
+    (default qa.dtype). Equals dequantize(qa) @ dequantize(qb).T up to fp32 summation order and
+    the bf16 rounding of value x block scale (exact for e4m3 and e8m0 scales)."""
+    for q, nm in ((qa, "qa"), (qb, "qb")):
+        if len(q.shape) != 2 or q.dim != 1:
+            raise ValueError(f"{nm}: fp4_matmul needs 2D QTensors quantized along dim 1 "
+                             f"(got shape {q.shape}, dim {q.dim})")
+        if q.rht and q.rht != qa.rht:
+            raise ValueError("both operands need the same RHT (or none)")
+    if (qa.rht or None) != (qb.rht or None):
+        raise ValueError(f"operands need the same RHT, got {qa.rht} and {qb.rht}")
+    M, K = qa.shape
+    N, K2 = qb.shape
+    if K != K2:
+        raise ValueError(f"inner dims differ: {qa.shape} @ {qb.shape}^T")
+    out_dtype = dtype or qa.dtype
+    kdtype = out_dtype if out_dtype in (torch.float32, torch.bfloat16, torch.float16) and not INTERPRET \
+        else torch.float32
+    c = torch.empty((M, N), device=qa.codes.device, dtype=kdtype)
+    BM, BN, BK, GM, nw, ns = _mm_config(M, N, K)
+    BK = max(BK, qa.fmt.block, qb.fmt.block)
+    ga, gb = _grid_meta(qa.fmt.grid), _grid_meta(qb.fmt.grid)
+    gid = {"e2m1": 0}
+    meta = {}
+    for p, q, g in (("A_", qa, ga), ("B_", qb, gb)):
+        meta.update({p + k: v for k, v in g.items()})
+        meta[p + "BLOCK"] = q.fmt.block
+        meta[p + "B2D"] = bool(q.fmt.block_2d)
+        meta[p + "TS"] = q.tensor_scale is not None
+        meta[p + "GRID"] = gid.get(q.fmt.grid, 1)
+    dummy = qa.scales
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+    if c.numel():
+        _fp4_mm_kernel[grid](qa.codes, qa.scales.contiguous(),
+                             qa.tensor_scale if qa.tensor_scale is not None else dummy,
+                             qb.codes, qb.scales.contiguous(),
+                             qb.tensor_scale if qb.tensor_scale is not None else dummy,
+                             c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=GM, DOT_FP32=INTERPRET,
+                             num_warps=nw, num_stages=ns, **meta)
+    return c if c.dtype == out_dtype else c.to(out_dtype)

@@ -1,0 +1,371 @@
+"""kernels.py against fp4.py's reference, bit for bit (RTNE), under Triton's CPU interpreter.
+
+CI has no GPU: TRITON_INTERPRET=1 is set before triton is imported, and the kernels are called
+directly on CPU tensors (fp4.py only dispatches CUDA tensors to them)."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
+
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+pytest.importorskip("triton")
+import fp4  # noqa: E402
+import kernels  # noqa: E402
+
+if not kernels.INTERPRET:  # imported earlier in this process without the interpreter
+    pytest.skip("kernels was imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+FORMATS = list(fp4.FORMATS)
+
+
+def fmt_of(name, block_2d=False):
+    f = fp4.FORMATS[name]
+    return dataclasses.replace(f, block_2d=True) if block_2d else f
+
+
+def bits(t):
+    """Integer view of a float tensor (for bit-exact comparisons)."""
+    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
+
+
+def assert_same(a, b, what=""):
+    """Bit-identical, except that any NaN matches any NaN."""
+    assert (a is None) == (b is None), what
+    if a is None:
+        return
+    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} vs {b.dtype}"
+    if a.dtype == torch.uint8:
+        bad = (a != b).sum().item()
+        assert bad == 0, f"{what}: {bad} of {a.numel()} codes differ"
+        return
+    na, nb = a.isnan(), b.isnan()
+    assert torch.equal(na, nb), f"{what}: NaN positions differ ({na.sum()} vs {nb.sum()})"
+    diff = (bits(a) != bits(b)) & ~na
+    assert not diff.any(), (f"{what}: {diff.sum().item()} of {a.numel()} differ, e.g. "
+                            f"{a[diff][:4].tolist()} vs {b[diff][:4].tolist()}")
+
+
+def assert_qtensor(q, r, what=""):
+    assert_same(q.codes, r.codes, what + " codes")
+    assert_same(q.scales, r.scales, what + " scales")
+    assert_same(q.tensor_scale, r.tensor_scale, what + " tensor_scale")
+    assert (q.fmt, tuple(q.shape), q.dtype, q.dim, q.rht) == (r.fmt, tuple(r.shape), r.dtype, r.dim, r.rht)
+
+
+def check_rtne(x, fmt, dim, rht, dtypes=(torch.float32,)):
+    """quantize, dequantize and fake_quant == the reference, bit for bit."""
+    what = f"{fmt.name}{'/2d' if fmt.block_2d else ''} dim={dim} rht={rht} shape={tuple(x.shape)}"
+    r = fp4.quantize(x, fmt, dim=dim, rht=rht)
+    q = kernels.quantize(x, fmt, dim=dim, rht=rht)
+    assert_qtensor(q, r, what)
+    for dt in dtypes:
+        assert_same(kernels.dequantize(q, dt), fp4.dequantize(r, dt).contiguous(), what + f" dequantize {dt}")
+        assert_same(kernels.fake_quant(x, fmt, dim=dim, rht=rht, dtype=dt),
+                    fp4.fake_quant(x, fmt, dim=dim, rht=rht, dtype=dt).contiguous(), what + f" fake_quant {dt}")
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    # a spread of block magnitudes, so blocks differ in scale by orders of magnitude
+    x = torch.randn(*shape, generator=g)
+    x = x * torch.exp2(torch.randint(-8, 8, shape[:-1] + (1,), generator=g).float())
+    return x.to(dtype)
+
+
+# -----------------------------------------------------------------------------
+# RTNE: bit for bit
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("rht", [None, 16])
+def test_rtne_rowwise_and_columnwise(name, rht):
+    fmt = fmt_of(name)
+    for seed, dim in ((1, 1), (2, 0)):
+        check_rtne(randn(64, 96, seed=seed), fmt, dim, rht, dtypes=(torch.float32, torch.bfloat16))
+
+
+@pytest.mark.parametrize("rht", [32, 64, 128])
+def test_rtne_large_rht(rht):
+    for i, name in enumerate(("ufp4", "nvfp4", "mxfp4")):
+        x = randn(128, 128, seed=10 + i)
+        for dim in (1, 0):
+            check_rtne(x, fmt_of(name), dim, rht)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "nvint4", "ufp4"])
+def test_rtne_2d_tiles(name):
+    fmt = fmt_of(name, block_2d=True)
+    x = randn(48, 80, seed=3)
+    for dim in (1, 0):
+        for rht in (None, 16):
+            check_rtne(x, fmt, dim, rht)
+
+
+def test_rtne_nd_and_bf16_input():
+    x = randn(2, 32, 24, seed=4)
+    for dim in (0, 1, 2):
+        if x.shape[dim] % 16 == 0:
+            check_rtne(x, fmt_of("nvfp4"), dim, None)
+    xb = randn(40, 64, seed=5, dtype=torch.bfloat16)
+    for name in ("ufp4", "nvfp4", "mxint4"):
+        check_rtne(xb, fmt_of(name), 1, 16, dtypes=(torch.bfloat16,))
+        check_rtne(xb, fmt_of(name), 1, None, dtypes=(torch.bfloat16,))
+    # a custom grid/block/scale combination, and rows that do not fill a tile
+    check_rtne(randn(19, 64, seed=6), fp4.get_format("e1m2/32/e4m3"), 1, 32)
+
+
+def _tie_tensor(fmt, rows=32, cols=64, seed=0):
+    """Blocks whose elements sit exactly on the midpoints between grid levels once divided by
+    their (exactly known) block scale; element 0 of each block sets amax = qmax * scale."""
+    g = torch.Generator().manual_seed(seed)
+    grid = fp4.GRIDS[fmt.grid]
+    lv = torch.tensor(grid.levels)
+    mids = torch.cat([(lv[:-1] + lv[1:]) / 2, lv])  # ties and exact levels
+    nb = cols // fmt.block
+    x = mids[torch.randint(0, len(mids), (rows, nb, fmt.block), generator=g)]
+    x = x * (torch.randint(0, 2, x.shape, generator=g) * 2 - 1)
+    x[..., 0] = grid.qmax
+    if fmt.scale == "e4m3":  # scales that e4m3 holds exactly; s_enc = 1 from one block at 448
+        scale = torch.tensor([0.25, 0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 3.0, 48.0])
+        s = scale[torch.randint(0, len(scale), (rows, nb, 1), generator=g)]
+        s[0, 0] = 448.0
+    else:  # powers of two: exact for fp32 (qmax * s / qmax) and e8m0 scales
+        s = torch.exp2(torch.randint(-10, 10, (rows, nb, 1), generator=g).float())
+    return (x * s).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_ties_round_to_even(name):
+    fmt = fmt_of(name)
+    x = _tie_tensor(fmt)
+    # the ties really are ties, and the reference sends them to even grid indices
+    r = fp4.quantize(x, fmt)
+    check_rtne(x, fmt, 1, None)
+    check_rtne(x.t().contiguous(), fmt, 0, None)
+    codes = fp4.unpack_codes(r.codes)
+    assert codes.numel() == x.numel()
+
+
+def test_tie_values_hand_checked():
+    """e2m1 ties: .25->0, .75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; int4: .5->0, 1.5->2."""
+    for name, ins, outs in (("e2m1", [6, .25, .75, 1.25, 1.75, 2.5, 3.5, 5, -5, -.25, 0, 0, 0, 0, 0, 0],
+                             [6, 0, 1, 1, 2, 2, 4, 4, -4, -0.0, 0, 0, 0, 0, 0, 0]),
+                            ("ufp4", [7, .5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, -.5, -1.5, 0, 0, 0, 0, 0, 0],
+                             [7, 0, 2, 2, 4, 4, 6, 6, -0.0, -2, 0, 0, 0, 0, 0, 0])):
+        x = torch.tensor([ins], dtype=torch.float32)
+        y = kernels.fake_quant(x, name, dtype=torch.float32)
+        assert_same(y, torch.tensor([outs], dtype=torch.float32), name)
+
+
+def test_special_values():
+    """Zero blocks, saturation, negative zero, NaN / Inf, tiny and huge blocks."""
+    for name in FORMATS:
+        fmt = fmt_of(name)
+        x = randn(32, 128, seed=7)
+        x[0] = 0.0                         # all-zero rows: scale 0 -> zeros
+        x[1, :32] = 0.0                    # zero blocks next to normal ones
+        x[2, :32] = -0.0
+        x[3, 1:32] = -1e-9                 # tiny negatives under a big amax -> code 8, -0.0
+        x[3, 0] = 1.0
+        x[4, :32] = torch.linspace(-7.9, 7.9, 32) * 2.0 ** 5   # e8m0 saturation
+        x[5, :32] *= 1e-30                 # tiny blocks (normal fp32 scales)
+        x[6, :32] *= 1e30                  # huge blocks
+        check_rtne(x, fmt, 1, None)
+        check_rtne(x, fmt, 1, 16)
+        check_rtne(x[:, :64].t().contiguous(), fmt, 0, None)
+        y = x.clone()
+        y[8, 3] = float("nan")
+        y[9, 40] = float("inf")
+        y[10, 70] = -float("inf")
+        check_rtne(y, fmt, 1, None)
+        check_rtne(y, fmt, 0, 16)
+        out = kernels.fake_quant(y, fmt, dtype=torch.float32)
+        if fmt.scale == "e4m3":    # a non-finite tensor amax: everything NaN
+            assert out.isnan().all()
+        else:                      # only the blocks that hold NaN/Inf
+            assert out[8, :fmt.block].isnan().all() and out[0].eq(0).all()
+
+
+# -----------------------------------------------------------------------------
+# Both orientations from one read
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_quantize_both_matches_two_calls(packed):
+    cases = [  # (row fmt, col fmt, row rht, col rht)
+        ("nvfp4", "nvfp4", None, 16),     # NVIDIA: W Fprop row-wise, Wgrad column-wise with RHT
+        ("ufp4", "ufp4", 16, 16),
+        ("mxfp4", "e2m1", None, None),
+        (fmt_of("nvfp4", True), fmt_of("nvfp4", True), None, None),  # 2D weight tiles
+    ]
+    x = randn(64, 96, seed=8)
+    for fr, fc, rr, rc in cases:
+        row, col = kernels.quantize_both(x, fr, fc, rht=rr, rht_col=rc, packed=packed,
+                                         dtype=torch.float32)
+        if packed:
+            assert_qtensor(row, fp4.quantize(x, fr, dim=1, rht=rr), f"{fr} row")
+            assert_qtensor(col, fp4.quantize(x, fc, dim=0, rht=rc), f"{fc} col")
+        else:
+            assert_same(row, fp4.fake_quant(x, fr, dim=1, rht=rr, dtype=torch.float32), f"{fr} row")
+            assert_same(col, fp4.fake_quant(x, fc, dim=0, rht=rc, dtype=torch.float32).contiguous(),
+                        f"{fc} col")
+
+
+def test_2d_tiles_same_for_w_and_wt():
+    """Without RHT, 16x16 tiles give the same Q(W) seen row-wise and column-wise."""
+    fmt = fmt_of("nvfp4", True)
+    w = randn(48, 64, seed=9)
+    row, col = kernels.quantize_both(w, fmt, dtype=torch.float32)
+    assert_same(row, col)
+
+
+# -----------------------------------------------------------------------------
+# Stochastic rounding: same distribution, not the same bits
+
+def _sr_tensor(fmt, rows, seed=0):
+    """Rows that repeat one base row: every row has the same blocks and scales, and (for e4m3)
+    the same tensor amax, so the rows are independent draws of Q(base)."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(1, 64, generator=g)
+    return base.expand(rows, 64).contiguous(), base
+
+
+@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4"])
+def test_sr_unbiased(name):
+    fmt = fmt_of(name)
+    n = 2048
+    for dim, rht in ((1, None), (0, 16)):
+        x, base = _sr_tensor(fmt, n, seed=1)
+        if dim == 0:
+            x = x.t().contiguous()
+        y = kernels.fake_quant(x, fmt, dim=dim, rounding="sr", rht=rht, seed=123, dtype=torch.float32)
+        if dim == 0:
+            y = y.t()
+        ref = fp4.rht_transform(base, rht) if rht else base
+        lo = fp4.fake_quant(ref, fmt, dtype=torch.float32)  # scales known: RTNE grid of the same blocks
+        # every draw is one of the two grid neighbours; the mean converges to x
+        mean, sd = y.double().mean(0), y.double().std(0)
+        q = fp4.quantize(ref, fmt)
+        scale = q.scales.double().repeat_interleave(fmt.block, -1)[0]
+        if q.tensor_scale is not None:
+            scale = scale / q.tensor_scale.double()
+        lv = fp4.GRIDS[fmt.grid].levels
+        step = scale * max(b - a for a, b in zip(lv, lv[1:]))   # the widest gap of the grid
+        # unbiased w.r.t. x clamped to the block's range (an e4m3 scale rounded down saturates)
+        qmax = fp4.GRIDS[fmt.grid].qmax
+        target = torch.maximum(torch.minimum(ref[0].double(), qmax * scale), -qmax * scale)
+        err = (mean - target).abs()
+        bound = 5 * step / 2 / math.sqrt(n) + 1e-7 * ref.abs().max()
+        assert (err <= bound).all(), f"{name} dim={dim}: max err/bound {(err / bound).max():.2f}"
+        assert (y.unique(dim=0).shape[0] > 1)
+        # exact grid points never move
+        exact = (lo[0] == ref[0]) & (ref[0] != 0)
+        assert (y[:, exact] == ref[0, exact]).all()
+        assert (sd[exact] == 0).all()
+
+
+def test_sr_probability_matches_fraction():
+    """ufp4, scale 1: value k + f rounds up with probability f (16 random bits: |bias| <= 2^-17)."""
+    n = 4096
+    fracs = torch.tensor([0.0, 0.001, 0.1, 0.25, 0.5, 0.7, 0.9, 0.999])
+    row = torch.cat([torch.tensor([7.0]), 2 + fracs, -3 - fracs[:7]])  # 16 = one block
+    x = row.repeat(n, 4)
+    y = kernels.fake_quant(x, "ufp4", rounding="sr", seed=5, dtype=torch.float32)
+    p_up = (y.abs() - x.abs().floor()).double().mean(0)
+    want = torch.cat([torch.zeros(1), fracs, fracs[:7]]).double().repeat(4)
+    tol = 5 * torch.sqrt(want * (1 - want) / n) + 1e-9
+    assert ((p_up - want).abs() <= tol).all(), (p_up - want).abs().max()
+
+
+def test_sr_seeds_and_consistency():
+    x = randn(64, 64, seed=11)
+    for name in ("nvfp4", "ufp4"):
+        a = kernels.fake_quant(x, name, rounding="sr", seed=1, dtype=torch.float32)
+        b = kernels.fake_quant(x, name, rounding="sr", seed=1, dtype=torch.float32)
+        c = kernels.fake_quant(x, name, rounding="sr", seed=2, dtype=torch.float32)
+        assert_same(a, b)
+        assert not torch.equal(a, c)
+        # the packed path draws the same bits for the same seed
+        q = kernels.quantize(x, name, rounding="sr", seed=1)
+        assert_same(kernels.dequantize(q, torch.float32), a)
+        # SR never moves a value by more than one grid step from the RTNE result's neighbours
+        r = fp4.fake_quant(x, name, dtype=torch.float32)
+        q_r = fp4.quantize(x, name)
+        assert_same(q.scales, q_r.scales)
+        assert ((a - r).abs() <= (x.abs().reshape(64, 4, 16).amax(-1, keepdim=True)
+                                  .expand(64, 4, 16).reshape(64, 64) / 2 + 1e-6)).all()
+        # column-wise SR with seeds
+        ca = kernels.quantize_both(x, name, rounding="sr", seed=3, seed_col=4, rht_col=16,
+                                   dtype=torch.float32)
+        cb = kernels.quantize_both(x, name, rounding="sr", seed=3, seed_col=4, rht_col=16,
+                                   dtype=torch.float32)
+        assert_same(ca[0], cb[0])
+        assert_same(ca[1], cb[1])
+
+
+# -----------------------------------------------------------------------------
+# FP4 GEMM over packed operands
+
+def _bf16_operand(q):
+    """What the GEMM multiplies: grid value x block scale rounded to bf16 (no tensor scale)."""
+    return fp4.dequantize(dataclasses.replace(q, tensor_scale=None), torch.bfloat16).double()
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_fp4_matmul(name):
+    M, N, K = 40, 48, 128
+    a = randn(M, K, seed=12)
+    w = randn(N, K, seed=13)
+    fa = fmt_of(name)
+    fw = fmt_of(name, block_2d=name.startswith("nv"))
+    for rht in (None, 16):
+        qa = kernels.quantize(a, fa, rht=rht)
+        qw = kernels.quantize(w, fw, rht=rht)
+        out = kernels.fp4_matmul(qa, qw, dtype=torch.float32)
+        assert out.shape == (M, N) and out.dtype == torch.float32
+        ref = _bf16_operand(qa) @ _bf16_operand(qw).t()
+        for q in (qa, qw):
+            if q.tensor_scale is not None:
+                ref = ref / q.tensor_scale.double()
+        mag = _bf16_operand(qa).abs() @ _bf16_operand(qw).abs().t()
+        for q in (qa, qw):
+            if q.tensor_scale is not None:
+                mag = mag / q.tensor_scale.double()
+        err = (out.double() - ref).abs()
+        assert (err <= 1e-5 * mag + 1e-30).all(), f"{name} rht={rht}: {(err / mag).max()}"
+        # and vs fake quant + mm, within the bf16 rounding of fp32 block scales
+        fq = (fp4.fake_quant(a, fa, rht=rht, dtype=torch.float32).double()
+              @ fp4.fake_quant(w, fw, rht=rht, dtype=torch.float32).double().t())
+        rel = (out.double() - fq).norm() / fq.norm()
+        assert rel < (4e-3 if fa.scale == "fp32" else 1e-5), f"{name}: {rel}"
+
+
+def test_fp4_matmul_bf16_out_and_zero_blocks():
+    a = randn(33, 64, seed=14)
+    a[5] = 0
+    w = randn(17, 64, seed=15)
+    qa, qw = kernels.quantize(a, "nvfp4"), kernels.quantize(w, "nvfp4")
+    out = kernels.fp4_matmul(qa, qw)
+    assert out.dtype == torch.float32 and out.shape == (33, 17)
+    assert (out[5] == 0).all()
+    qa16 = kernels.quantize(a.bfloat16(), "mxfp4")
+    qw16 = kernels.quantize(w.bfloat16(), "mxfp4")
+    o16 = kernels.fp4_matmul(qa16, qw16)
+    assert o16.dtype == torch.bfloat16
+    ref = fp4.dequantize(qa16, torch.float32) @ fp4.dequantize(qw16, torch.float32).t()
+    assert ((o16.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_module_surface():
+    assert kernels.AVAILABLE == (kernels.HAVE_TRITON and torch.cuda.is_available())
+    with pytest.raises(ValueError):
+        kernels.quantize(torch.randn(8, 24), "ufp4")   # 24 is not a multiple of 16
+    with pytest.raises(ValueError):
+        kernels.fake_quant(torch.randn(8, 32), "ufp4", rounding="up")
