@@ -1,0 +1,285 @@
+"""train.py: config parsing, learning, bit-identical resume, DDP, checkpoints, non-finite steps.
+Tiny models on a tiny char dataset written into tmp_path; the whole file runs in a few minutes
+on 2 CPU cores."""
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from train_helpers import MOE, ROOT, GlobalBatchLoader, make_char_dataset, read_log, tiny_args
+
+import train  # noqa: E402  (train_helpers puts the repo root on sys.path)
+
+PY = sys.executable
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return make_char_dataset(str(tmp_path_factory.mktemp("data") / "tiny"))
+
+def run(ds, out, **kw):
+    return train.main(tiny_args(ds, str(out), **kw))
+
+# -----------------------------------------------------------------------------
+# config
+
+def test_defaults_and_overrides(tmp_path):
+    cfg_file = tmp_path / "c.py"
+    cfg_file.write_text("batch_size = 7\nlearning_rate = 1\nrecipe = 'e2m1'\n")
+    c = train.get_config([str(cfg_file), "--batch_size=9", "--out_dir=2024", "--compile",
+                          "--recipe_rht=fprop,wgrad", "--recipe_sr_dy=False"])
+    assert c["batch_size"] == 9 and c["learning_rate"] == 1.0 and type(c["learning_rate"]) is float
+    assert c["out_dir"] == "2024" and c["compile"] is True and c["recipe"] == "e2m1"
+    assert c["recipe_rht"] == "fprop,wgrad" and c["recipe_sr_dy"] is False
+    r = train.make_recipe_from(c)
+    assert r.fprop.rht and not r.dgrad.rht and r.wgrad.rht and not r.wgrad.sr_a
+
+def test_unknown_key_lists_close_matches(tmp_path):
+    with pytest.raises(train.ConfigError, match=r"unknown config key 'lerning_rate'.*learning_rate"):
+        train.get_config(["--lerning_rate=1e-3"])
+    f = tmp_path / "bad.py"
+    f.write_text("n_layers = 3\n")
+    with pytest.raises(train.ConfigError, match=r"'n_layers' \(from .*bad.py\).*n_layer"):
+        train.get_config([str(f)])
+
+@pytest.mark.parametrize("arg, msg", [
+    ("--max_iters=1.5", "'max_iters' .* must be int, got float"),
+    ("--compile=3", "'compile' .* must be bool"),
+    ("--learning_rate=fast", "'learning_rate' .* must be float, got str"),
+    ("--lr_schedule=linear", "must be one of"),
+    ("--recipe_rht_size=big", "'recipe_rht_size' .* must be int or None"),
+    ("--max_iters", "expected --key=value"),
+])
+def test_wrong_types(arg, msg):
+    with pytest.raises(train.ConfigError, match=msg):
+        train.get_config([arg])
+
+def test_unknown_recipe_lists_valid_ones():
+    with pytest.raises(train.ConfigError, match=r"unknown recipe 'fp3'.*ufp4"):
+        train.get_config(["--recipe=fp3"])
+    with pytest.raises(train.ConfigError, match="rht_size"):
+        train.get_config(["--recipe=ufp4", "--recipe_rht_size=8"])
+
+def test_cli_error_is_one_clear_line():
+    p = subprocess.run([PY, "train.py", "--bach_size=3"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 1
+    assert p.stderr.startswith("error: unknown config key 'bach_size'") and "batch_size" in p.stderr
+    assert "Traceback" not in p.stderr
+
+def test_repo_configs_parse():
+    names = [f for f in sorted(os.listdir(os.path.join(ROOT, "configs"))) if f.endswith(".py")
+             and not f.startswith("_")]
+    names += ["gpu/" + f for f in sorted(os.listdir(os.path.join(ROOT, "configs", "gpu")))
+              if f.endswith(".py") and not f.startswith("_")]
+    for name in names:
+        c = train.get_config([os.path.join(ROOT, "configs", name)])
+        assert c["recipe"] in name or name == "shakespeare_char_gpt.py", name
+    # the ablation configs differ from each other only in their recipe line
+    for fam in ("gpt", "moe", "gpu/gpt2_small", "gpu/moe_gpt2_small"):
+        texts = {r: open(os.path.join(ROOT, "configs", f"{fam}_{r}.py")).read().splitlines()
+                 for r in ("bf16", "ufp4", "e2m1", "nvfp4", "mxfp4")}
+        for r, lines in texts.items():
+            diff = [(a, b) for a, b in zip(lines, texts["bf16"]) if a != b]
+            assert len(lines) == len(texts["bf16"]) and len(diff) <= 1, (fam, r, diff)
+
+def test_lr_schedules():
+    c = train.SimpleNamespace(**{**train.DEFAULTS, "learning_rate": 1.0, "min_lr": 0.1,
+                                 "warmup_iters": 10, "max_iters": 110, "lr_decay_iters": 0})
+    assert train.get_lr(0, c) < train.get_lr(9, c) < 1.0
+    assert train.get_lr(10, c) == 1.0 and abs(train.get_lr(60, c) - 0.55) < 1e-12
+    assert train.get_lr(110, c) == 0.1 and train.get_lr(500, c) == 0.1
+    c.lr_schedule, c.wsd_decay_frac = "wsd", 0.2
+    assert train.get_lr(87, c) == 1.0 and train.get_lr(110, c) == 0.1
+    assert abs(train.get_lr(99, c) - 0.55) < 1e-12   # halfway down the linear decay 88 -> 110
+
+# -----------------------------------------------------------------------------
+# training
+
+@pytest.mark.parametrize("recipe, moe", [("bf16", False), ("ufp4", False), ("bf16", True),
+                                         ("ufp4", True)])
+def test_loss_goes_down(ds, tmp_path, recipe, moe):
+    run(ds, tmp_path, recipe=recipe, max_iters=40, eval_interval=40, **(MOE if moe else {}))
+    losses = [r["loss"] for r in read_log(str(tmp_path))]
+    evals = read_log(str(tmp_path), "eval")
+    assert len(losses) == 40 and all(map(math.isfinite, losses))
+    assert sum(losses[-5:]) / 5 < sum(losses[:3]) / 3 - 0.8, losses
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.8, evals
+    if moe:
+        rec = read_log(str(tmp_path))[-1]
+        assert "aux_loss" in rec and len(rec["expert_load"]) == 2 and len(rec["expert_load"][0]) == 4
+
+def test_recipe_ablation_and_telemetry(ds, tmp_path):
+    run(ds, tmp_path, recipe="e2m1", recipe_rht="all", max_iters=3, telemetry_interval=2)
+    recs = read_log(str(tmp_path))
+    assert "w_alpha" in recs[0] and "w_alpha" in recs[2] and "w_alpha" not in recs[1]
+    assert 0.5 < recs[0]["w_alpha"] < 1.01
+
+def test_dataset_prepared_from_input_file(tmp_path):
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    out = tmp_path / "out"
+    train.main(tiny_args(str(tmp_path / "data" / "mine"), str(out), dataset_input=str(text),
+                         max_iters=2))
+    assert (tmp_path / "data" / "mine" / "train.bin").exists() and (out / "ckpt.pt").exists()
+
+def test_validation_errors(ds, tmp_path):
+    with pytest.raises(train.ConfigError, match="fewer than one window"):
+        run(ds, tmp_path, block_size=8192, max_iters=1)
+    with pytest.raises(train.ConfigError, match=r"recipe 'ufp4'.*multiples of 16"):
+        run(ds, tmp_path, recipe="ufp4", n_embd=40, n_head=2, max_iters=1)
+    with pytest.raises(train.ConfigError, match="n_embd=48 is not a multiple of n_head=5"):
+        run(ds, tmp_path, n_embd=48, n_head=5, max_iters=1)
+    with pytest.raises(train.ConfigError, match="smaller than the dataset"):
+        run(ds, tmp_path, vocab_size=5, max_iters=1)
+    bad = make_char_dataset(str(tmp_path / "bad"))
+    import json
+    meta = json.load(open(os.path.join(bad, "meta.json")))
+    meta["vocab_size"] = 3
+    json.dump(meta, open(os.path.join(bad, "meta.json"), "w"))
+    with pytest.raises(train.ConfigError, match="token id"):
+        run(bad, tmp_path, max_iters=1)
+
+def test_dry_run_writes_nothing(ds, tmp_path):
+    loss = run(ds, tmp_path / "o", dry_run=True, recipe="nvfp4")
+    assert math.isfinite(loss) and not (tmp_path / "o").exists()
+
+# -----------------------------------------------------------------------------
+# resume and DDP
+
+@pytest.mark.parametrize("kw", [dict(recipe="ufp4", dropout=0.1),   # SR and dropout draw RNG
+                                dict(recipe="ufp4", router="sigmoid", **MOE)])  # router bias state
+def test_resume_is_bit_identical(ds, tmp_path, kw):
+    n = 6
+    run(ds, tmp_path / "straight", max_iters=2 * n, lr_decay_iters=2 * n, eval_interval=n, **kw)
+    run(ds, tmp_path / "split", max_iters=n, lr_decay_iters=2 * n, eval_interval=n, **kw)
+    run(ds, tmp_path / "split", max_iters=2 * n, lr_decay_iters=2 * n, eval_interval=n,
+        init_from="resume", **kw)
+    a, b = read_log(str(tmp_path / "straight")), read_log(str(tmp_path / "split"))
+    assert [r["iter"] for r in b] == list(range(2 * n))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
+    sa = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)["model"]
+    sb = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=False)["model"]
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
+    """2 gloo processes with batch B each == 1 process with batch 2B (same windows, see
+    GlobalBatchLoader). MoE with the sigmoid router: the router-bias update is all-reduced too.
+    (The aux loss is per-rank by design, so it is off here.)"""
+    kw = dict(max_iters=8, eval_interval=4, router="sigmoid", aux_loss_weight=0.0,
+              router_bias_rate=0.01, **MOE)
+    monkeypatch.setattr("data.loader.BinLoader", GlobalBatchLoader)
+    run(ds, tmp_path / "one", batch_size=8, **kw)
+    port, procs = _free_port(), []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [PY, os.path.join(ROOT, "tests", "train_helpers.py")] +
+            tiny_args(ds, str(tmp_path / "two"), batch_size=4, gradient_accumulation_steps=2, **kw),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    a, b = read_log(str(tmp_path / "one")), read_log(str(tmp_path / "two"))
+    assert len(a) == len(b) == 8
+    for ra, rb in zip(a, b):
+        assert abs(ra["loss"] - rb["loss"]) < 1e-5, (ra, rb)
+    for ra, rb in zip(read_log(str(tmp_path / "one"), "eval"), read_log(str(tmp_path / "two"), "eval")):
+        assert abs(ra["val_loss"] - rb["val_loss"]) < 1e-5
+    ca = torch.load(tmp_path / "one" / "ckpt.pt", weights_only=False)
+    cb = torch.load(tmp_path / "two" / "ckpt.pt", weights_only=False)
+    assert cb["world_size"] == 2 and len(cb["rng"]) == 2
+    for k in ca["model"]:
+        torch.testing.assert_close(ca["model"][k], cb["model"][k], atol=1e-5, rtol=1e-4)
+    assert torch.equal(ca["model"]["blocks.0.mlp.router_bias"], cb["model"]["blocks.0.mlp.router_bias"])
+
+# -----------------------------------------------------------------------------
+# checkpoints and non-finite steps
+
+@pytest.fixture(scope="module")
+def trained(ds, tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained")
+    run(ds, out, max_iters=4, eval_interval=2)
+    return out
+
+def test_checkpoint_contents(trained):
+    ck = torch.load(trained / "ckpt.pt", weights_only=False)
+    assert ck["iter_num"] == 4 and ck["recipe"] == "bf16" and ck["config"]["n_layer"] == 2
+    assert set(ck["rng"][0]) == {"python", "numpy", "torch", "cuda"} and ck["loader"][0]["step"] == 4
+    assert (trained / "ckpt_prev.pt").exists()
+    assert torch.load(trained / "ckpt_prev.pt", weights_only=False)["iter_num"] == 2
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_checkpoint_is_a_clear_error(ds, trained, tmp_path, damage):
+    path = tmp_path / "ckpt.pt"
+    blob = (trained / "ckpt.pt").read_bytes()
+    path.write_bytes({"truncate": blob[: len(blob) // 2], "garbage": b"\x00junk" * 100,
+                      "empty": b""}[damage])
+    with pytest.raises(train.CheckpointError, match=f"cannot read checkpoint {path}.*corrupt"):
+        run(ds, tmp_path, init_from="resume", max_iters=6)
+
+def test_incompatible_checkpoint_is_a_clear_error(ds, trained, tmp_path):
+    with pytest.raises(train.CheckpointError, match=r"ckpt.pt was written for a different model "
+                                                    r"\(n_layer: 2 in the checkpoint, 3 now\)"):
+        run(ds, tmp_path, init_from="resume", resume_from=str(trained / "ckpt.pt"), n_layer=3)
+    with pytest.raises(train.CheckpointError, match="no checkpoint at"):
+        run(ds, tmp_path / "nothing", init_from="resume")
+
+def test_failed_save_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / "ckpt.pt")
+    train.save_checkpoint({"v": 1}, path)
+    train.save_checkpoint({"v": 2}, path)
+
+    def crash(obj, f):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt   # e.g. a kill in the middle of torch.save
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train.save_checkpoint({"v": 3}, path)
+    assert torch.load(path)["v"] == 2 and torch.load(str(tmp_path / "ckpt_prev.pt"))["v"] == 1
+
+def test_kill_9_during_training_leaves_a_loadable_checkpoint(ds, tmp_path):
+    out = tmp_path / "out"
+    args = tiny_args(ds, str(out), max_iters=100000, eval_interval=1, eval_iters=1, log_interval=100)
+    p = subprocess.Popen([PY, "train.py"] + args, cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (out / "ckpt_prev.pt").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.7)   # saves happen every step now: the kill lands in or near one
+    finally:
+        p.kill()
+        p.wait()
+    ck, _ = train.load_checkpoint(str(out / "ckpt.pt"))
+    run(ds, out, init_from="resume", max_iters=ck["iter_num"] + 2, eval_interval=1000)
+    assert read_log(str(out))[-1]["iter"] == ck["iter_num"] + 1
+
+def test_nonfinite_skip(ds, tmp_path):
+    run(ds, tmp_path, max_iters=10, debug_nan_at_iter=4, debug_nan_iters=2, max_nonfinite=3)
+    bad = read_log(str(tmp_path), "nonfinite")
+    assert [r["iter"] for r in bad] == [4, 5]
+    ck = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert ck["iter_num"] == 10 and ck["n_nonfinite"] == 2
+    assert all(torch.isfinite(v).all() for v in ck["model"].values())
+
+@pytest.mark.parametrize("policy, nan_iters", [("stop", 1), ("skip", 3)])
+def test_nonfinite_stop_keeps_last_good_checkpoint(ds, tmp_path, policy, nan_iters):
+    with pytest.raises(train.NonFiniteError, match=r"stopping at iter \d+.*last good checkpoint"):
+        run(ds, tmp_path, max_iters=20, eval_interval=6, nonfinite_policy=policy,
+            debug_nan_at_iter=7, debug_nan_iters=nan_iters, max_nonfinite=3)
+    ck = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert ck["iter_num"] == 6
+    assert all(torch.isfinite(v).all() for v in ck["model"].values())
+    # and training continues from it
+    run(ds, tmp_path, max_iters=8, eval_interval=6, init_from="resume")
+    assert read_log(str(tmp_path))[-1]["iter"] == 7

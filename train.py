@@ -1,0 +1,650 @@
+"""
+train.py: train a GPT or MoE with a 4-bit (FP4) recipe, on one CPU/GPU or several GPUs (DDP).
+
+    python train.py configs/moe_ufp4.py                          # one process
+    python train.py configs/moe_ufp4.py --recipe=e2m1 --max_iters=100
+    torchrun --standalone --nproc_per_node=8 train.py configs/gpu/gpt2_small_ufp4.py
+    python train.py configs/moe_ufp4.py --init_from=resume       # continue from out_dir/ckpt.pt
+
+Config: the defaults below, then config files (plain Python that assigns some of these names),
+then --key=value (checked against the default's type). Outputs in out_dir: ckpt.pt (written
+atomically; the one before is kept as ckpt_prev.pt) and log.jsonl (one JSON record per logged
+step and per eval).
+
+Tokens per micro-step (batch_size * block_size) need not be a multiple of the FP4 Wgrad block
+(16 or 32): fp4.py pads the token dimension with zero rows, which add nothing to dW.
+"""
+import ast
+import builtins
+import contextlib
+import dataclasses
+import difflib
+import json
+import math
+import os
+import random
+import sys
+import time
+import types
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+# -----------------------------------------------------------------------------
+# default config values
+# I/O
+out_dir = "out"              # may name other keys: "out/moe_{recipe}"
+init_from = "scratch"        # "scratch" or "resume" (from resume_from, default out_dir/ckpt.pt)
+resume_from = ""
+eval_interval = 250          # eval + checkpoint every this many iterations
+eval_iters = 50              # batches per split per eval
+eval_only = False
+log_interval = 10
+always_save_checkpoint = True  # else only when val loss improves
+dry_run = False              # build and check everything, run one step, write nothing
+# wandb (never online unless asked for)
+wandb_log = False
+wandb_mode = "offline"       # "offline", "online" or "disabled"
+wandb_project = "nanofp4"
+wandb_run_name = ""
+# data
+dataset = "shakespeare_char"  # prepared into data_dir/<dataset> on first use (data.DATASETS)
+data_dir = "data"
+dataset_input = ""           # or: build data_dir/<dataset> from these text files (comma-separated)
+dataset_tokenizer = "char"   # ... with this tokenizer: "char" or "gpt2"
+batch_size = 12              # per micro-step and per process
+block_size = 256
+gradient_accumulation_steps = 1  # global: divided among DDP processes
+# model (see model.GPTConfig); vocab_size 0 = from the dataset's meta
+vocab_size = 0
+n_layer = 6
+n_head = 6
+n_embd = 384
+dropout = 0.0
+bias = False
+mlp = "swiglu"               # "swiglu" or "gelu"
+norm = "rmsnorm"             # "rmsnorm" or "layernorm"
+pos_emb = "rope"             # "rope" or "learned"
+mlp_hidden = 0               # 0 = the model's default (4d for gelu, 8d/3 for swiglu)
+tie_embeddings = False
+n_expert = 0                 # 0 = dense
+top_k = 2
+expert_hidden = 0            # 0 = the model's default (mlp hidden / top_k)
+n_shared_expert = 0
+moe_dense_layers = 0
+router = "softmax"           # "softmax" or "sigmoid"
+aux_loss_weight = 0.01
+z_loss_weight = 0.001
+router_bias_rate = 0.001     # aux-loss-free balancing step (sigmoid router)
+# quantization: a recipe from fp4.RECIPES, plus ablation overrides (None = the preset's choice)
+recipe = "bf16"
+recipe_format = None         # e.g. "e2m1", "ufp4", "e1m2/32/e4m3"
+recipe_rht = None            # "all", "none" or e.g. "fprop,wgrad"
+recipe_sr_dy = None
+recipe_rht_size = None
+recipe_weight_2d = None
+recipe_bf16_first = None
+recipe_bf16_last = None
+backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
+# AdamW (fp32 master weights and states)
+learning_rate = 6e-4
+max_iters = 5000
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0              # 0 = no clipping
+# learning rate schedule: linear warmup, then "cosine", "wsd" (warmup-stable-decay) or "constant"
+lr_schedule = "cosine"
+warmup_iters = 100
+lr_decay_iters = 0           # 0 = max_iters
+min_lr = 6e-5
+wsd_decay_frac = 0.2         # wsd: the last fraction of lr_decay_iters decays linearly to min_lr
+# system
+device = "auto"              # "auto" (cuda when present), "cpu", "cuda", "cuda:1"...
+dtype = "auto"               # "auto" (bf16 autocast on GPU, fp32 on CPU), "bfloat16", "float32"
+compile = False
+seed = 1337
+peak_tflops = 989.0          # for MFU: dense bf16 peak of one H100/H200
+# robustness
+nonfinite_policy = "skip"    # NaN/Inf loss or grad norm: "skip" the step, or "stop"
+max_nonfinite = 5            # stop after this many non-finite steps in a row
+telemetry_interval = 0       # every N iters log FP4 weight attenuation/SQNR; 0 = off
+final_sample_tokens = 0      # print a sample of this many tokens at the end
+debug_nan_at_iter = -1       # test hook: make the loss NaN at this iteration...
+debug_nan_iters = 1          # ... and the next ones, this many in all
+# -----------------------------------------------------------------------------
+DEFAULTS = {k: v for k, v in globals().items()
+            if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))}
+# keys whose default is None: the type a value must have otherwise
+NULLABLE = dict(recipe_format=str, recipe_rht=str,
+                recipe_sr_dy=bool, recipe_rht_size=int, recipe_weight_2d=bool,
+                recipe_bf16_first=int, recipe_bf16_last=int)
+CHOICES = dict(init_from=("scratch", "resume"), wandb_mode=("offline", "online", "disabled"),
+               mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
+               router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"),
+               lr_schedule=("cosine", "wsd", "constant"), dtype=("auto", "bfloat16", "float32"),
+               nonfinite_policy=("skip", "stop"))
+MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "mlp",
+              "norm", "pos_emb", "mlp_hidden", "tie_embeddings", "n_expert", "top_k",
+              "expert_hidden", "n_shared_expert", "moe_dense_layers", "router", "aux_loss_weight",
+              "z_loss_weight", "router_bias_rate")
+RECIPE_KEYS = dict(recipe_format="fmt", recipe_rht="rht", recipe_sr_dy="sr_dy",
+                   recipe_rht_size="rht_size", recipe_weight_2d="weight_2d",
+                   recipe_bf16_first="bf16_first", recipe_bf16_last="bf16_last")
+
+class ConfigError(ValueError):
+    pass
+
+class CheckpointError(RuntimeError):
+    pass
+
+class NonFiniteError(RuntimeError):
+    pass
+
+# -----------------------------------------------------------------------------
+# config: defaults, then config files, then --key=value
+
+def _set(cfg, defaults, key, value, source):
+    if key not in defaults:
+        close = difflib.get_close_matches(key, defaults, n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else \
+            "; the valid keys are the defaults at the top of the script"
+        raise ConfigError(f"unknown config key {key!r} (from {source}){hint}")
+    default = defaults[key]
+    want = NULLABLE.get(key, type(default))
+    if isinstance(default, float) and type(value) is int:
+        value = float(value)
+    ok = (value is None and key in NULLABLE) or (type(value) is want)
+    if not ok:
+        raise ConfigError(f"config key {key!r} (from {source}) must be {want.__name__}"
+                          f"{' or None' if key in NULLABLE else ''}, got {type(value).__name__} "
+                          f"{value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"config key {key!r} (from {source}) must be one of {CHOICES[key]}, "
+                          f"got {value!r}")
+    cfg[key] = value
+
+def _parse_value(raw, key, defaults):
+    """--key=value: a Python literal (True, 3, 1e-3, None...), else the raw string."""
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+    want = NULLABLE.get(key, type(defaults.get(key)))
+    if want is str and value is not None and not isinstance(value, str):
+        return raw  # --out_dir=2024 is the string "2024"
+    return value
+
+def get_config(argv=(), defaults=None):
+    """The config dict from argv: config files (paths) and --key=value, applied in order, over
+    `defaults` (train.py's by default; sample.py passes its own)."""
+    defaults = DEFAULTS if defaults is None else defaults
+    cfg = dict(defaults)
+    for arg in argv:
+        if arg.startswith("--"):
+            key, eq, raw = arg[2:].partition("=")
+            if not eq and isinstance(defaults.get(key), bool):
+                raw = "True"   # bare --flag
+            elif not eq:
+                raise ConfigError(f"expected --key=value, got {arg!r}")
+            _set(cfg, defaults, key, _parse_value(raw, key, defaults), arg)
+        else:
+            if not os.path.isfile(arg):
+                raise ConfigError(f"config file {arg!r} not found")
+            root = os.path.dirname(os.path.abspath(__file__))
+            if root not in sys.path:   # lets config files `from configs._x import *`
+                sys.path.insert(0, root)
+            ns = {"__file__": arg, "__name__": "__config__"}
+            with open(arg) as f:
+                exec(builtins.compile(f.read(), arg, "exec"), ns)  # `compile` is a key here
+            for key, value in ns.items():
+                if key.startswith("_") or isinstance(value, types.ModuleType) or callable(value):
+                    continue
+                _set(cfg, defaults, key, value, arg)
+    if defaults is DEFAULTS:
+        make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
+    return cfg
+
+def make_recipe_from(cfg):
+    import fp4
+    overrides = {arg: cfg[key] for key, arg in RECIPE_KEYS.items() if cfg[key] not in (None, "")}
+    try:
+        return fp4.make_recipe(cfg["recipe"], **overrides)
+    except ValueError as e:
+        raise ConfigError(f"recipe: {e}") from None
+
+def model_config(cfg, vocab):
+    """GPTConfig from the config's model keys (None keeps the model's default)."""
+    from model import GPTConfig
+    names = {f.name for f in dataclasses.fields(GPTConfig)}
+    args = {k: cfg[k] for k in MODEL_KEYS if k in names and cfg[k] is not None}
+    args["vocab_size"] = cfg["vocab_size"] or vocab
+    if args["vocab_size"] < vocab:
+        raise ConfigError(f"vocab_size={args['vocab_size']} is smaller than the dataset's {vocab}")
+    try:
+        return GPTConfig(**args)
+    except ValueError as e:
+        raise ConfigError(f"model config: {e}") from None
+
+# -----------------------------------------------------------------------------
+# learning rate schedule
+
+def get_lr(it, c):
+    total = c.lr_decay_iters or c.max_iters
+    if it < c.warmup_iters:
+        return c.learning_rate * (it + 1) / (c.warmup_iters + 1)
+    if c.lr_schedule == "constant":
+        return c.learning_rate
+    if it >= total:
+        return c.min_lr
+    if c.lr_schedule == "wsd":  # stable at the peak, then a linear decay over the last fraction
+        start = max(total - int(c.wsd_decay_frac * total), c.warmup_iters)
+        if it < start:
+            return c.learning_rate
+        return c.learning_rate + (it - start) / max(total - start, 1) * (c.min_lr - c.learning_rate)
+    ratio = (it - c.warmup_iters) / max(total - c.warmup_iters, 1)
+    return c.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c.learning_rate - c.min_lr)
+
+# -----------------------------------------------------------------------------
+# checkpoints: atomic writes, clear errors on reading
+
+def rng_state():
+    return dict(python=random.getstate(), numpy=np.random.get_state(),
+                torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+
+def set_rng_state(s):
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if s["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+def save_checkpoint(ckpt, path):
+    """Write to a temp file, fsync, keep the old file as *_prev.pt, then rename into place:
+    a crash at any moment leaves `path` either the old or the new complete checkpoint."""
+    tmp, prev = path + ".tmp", path.replace(".pt", "") + "_prev.pt"
+    with open(tmp, "wb") as f:
+        torch.save(ckpt, f)
+        f.flush()
+        os.fsync(f.fileno())
+    if os.path.exists(path):
+        try:   # a hard link keeps `path` in place the whole time
+            if os.path.exists(prev + ".tmp"):
+                os.remove(prev + ".tmp")
+            os.link(path, prev + ".tmp")
+            os.replace(prev + ".tmp", prev)
+        except OSError:
+            os.replace(path, prev)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+CKPT_KEYS = ("model", "optimizer", "iter_num", "best_val_loss", "config", "model_args", "recipe")
+
+def load_checkpoint(path, map_location="cpu"):
+    """torch.load with errors that name the file and say what is wrong."""
+    if not os.path.exists(path):
+        prev = path.replace(".pt", "") + "_prev.pt"
+        if os.path.exists(prev):
+            print(f"warning: {path} is missing; using the previous checkpoint {prev}")
+            return load_checkpoint(prev, map_location), prev
+        raise CheckpointError(f"no checkpoint at {path}; train with --init_from=scratch first")
+    try:
+        # our own files: they hold numpy/python RNG states, hence weights_only=False
+        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as e:
+        prev = path.replace(".pt", "") + "_prev.pt"
+        hint = f"; the previous checkpoint {prev} may be good: --resume_from={prev}" \
+            if os.path.exists(prev) and prev != path else ""
+        raise CheckpointError(f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): "
+                              f"it is truncated or corrupt ({type(e).__name__}: {e}){hint}") from e
+    missing = [k for k in CKPT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path} is not a nanoFP4 checkpoint: missing {missing}")
+    return ckpt, path
+
+def check_compatible(ckpt, path, margs):
+    """A checkpoint resumes only into the same model shape."""
+    theirs, ours = ckpt["model_args"], dataclasses.asdict(margs)
+    diff = [f"{k}: {theirs.get(k)!r} in the checkpoint, {ours.get(k)!r} now"
+            for k in sorted(set(theirs) | set(ours))
+            if k != "dropout" and theirs.get(k) != ours.get(k)]
+    if diff:
+        raise CheckpointError(f"{path} was written for a different model ({'; '.join(diff)}): "
+                              f"resume with the config it was trained with, or start from scratch")
+
+# -----------------------------------------------------------------------------
+# helpers for the loop
+
+def fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+def all_finite(module):
+    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+def weight_telemetry(model):
+    """Mean attenuation alpha and SQNR of the quantized weights under their Fprop format."""
+    import fp4
+    alphas, sqnrs = [], []
+    for m in model.modules():
+        r = getattr(m, "recipe", None)
+        if r is None or not r.quantized or not r.fprop.fmt:
+            continue
+        w = m.weight.detach().float().reshape(-1, m.weight.shape[-1])
+        rep = fp4.shrinkage_report(w, r.fprop.fmt, rht=r.rht_size if r.fprop.rht else None)
+        alphas.append(rep["alpha"])
+        sqnrs.append(rep["sqnr_db"])
+    if not alphas:
+        return {}
+    return dict(w_alpha=sum(alphas) / len(alphas), w_sqnr_db=sum(sqnrs) / len(sqnrs))
+
+def moe_record(raw_model):
+    stats = raw_model.moe_stats() if hasattr(raw_model, "moe_stats") else {}
+    out = {}
+    for k, v in stats.items():
+        v = v.detach().float().cpu()
+        out[k] = round(v.item(), 6) if v.numel() == 1 else [[round(x, 4) for x in row]
+                                                           for row in v.reshape(v.shape[0], -1).tolist()]
+    return out
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    import fp4
+    import data
+    from data.loader import BinLoader
+    from model import GPT
+
+    cfg = get_config(sys.argv[1:] if argv is None else argv)
+    cfg["out_dir"] = cfg["out_dir"].format(**cfg)
+    c = SimpleNamespace(**cfg)
+    fp4.set_backend(c.backend)
+    torch.set_flush_denormal(True)  # CPU: denormal floats (tiny grads, decayed weights) are ~100x slower
+
+    # processes and devices
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    if c.device == "auto":
+        c.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if ddp:
+        import torch.distributed as dist
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        if c.device.startswith("cuda"):
+            c.device = f"cuda:{local_rank}"
+            torch.cuda.set_device(c.device)
+        dist.init_process_group("nccl" if c.device.startswith("cuda") else "gloo")
+    else:
+        rank, world = 0, 1
+    master = rank == 0
+    if c.gradient_accumulation_steps % world:
+        raise ConfigError(f"gradient_accumulation_steps={c.gradient_accumulation_steps} must be a "
+                          f"multiple of the number of processes ({world})")
+    accum = c.gradient_accumulation_steps // world
+    device_type = "cuda" if c.device.startswith("cuda") else "cpu"
+    if c.dtype == "auto":
+        c.dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    ctx = contextlib.nullcontext() if c.dtype == "float32" else \
+        torch.autocast(device_type, dtype=torch.bfloat16)
+    tokens_per_iter = c.gradient_accumulation_steps * c.batch_size * c.block_size
+    log = print if master else (lambda *a, **k: None)
+
+    try:
+        # data: prepared on first use; vocab_size from its meta
+        data_path = os.path.join(c.data_dir, c.dataset)
+        if not all(os.path.exists(os.path.join(data_path, f))
+                   for f in ("train.bin", "val.bin", "meta.json")):
+            if master:
+                log(f"preparing dataset {c.dataset!r} in {data_path} (first use only)...")
+                t = time.time()
+                if c.dataset_input:
+                    import data.prepare
+                    data.prepare.prepare(c.dataset_input.split(","), data_path, c.dataset_tokenizer)
+                else:
+                    data.prepare_dataset(c.dataset, data_dir=c.data_dir)
+                log(f"dataset prepared in {time.time() - t:.1f}s")
+            if ddp:
+                dist.barrier()
+        meta = data.load_meta(data_path)
+        recipe = make_recipe_from(cfg)
+        margs = model_config(cfg, meta["vocab_size"])
+
+        def loader(split, seed_):
+            try:
+                return BinLoader(data_path, split, c.block_size, c.batch_size, seed_,
+                                 device=c.device, rank=rank, world_size=world)
+            except ValueError as e:  # too short for one window, token ids >= vocab_size
+                raise ConfigError(f"dataset {data_path} ({split}): {e}") from None
+
+        train_loader = loader("train", c.seed)
+        loader("val", c.seed)  # fail now, not at the first eval, if val.bin is too short
+
+        # model: fp32 master weights, the recipe's linears
+        random.seed(c.seed)
+        np.random.seed(c.seed)
+        torch.manual_seed(c.seed)
+        try:
+            raw_model = fp4.convert(GPT(margs), recipe)
+        except ValueError as e:
+            raise ConfigError(f"the model does not fit recipe {recipe.name!r}: {e}") from None
+        raw_model.to(c.device)
+        optimizer = raw_model.configure_optimizers(c.weight_decay, c.learning_rate,
+                                                   (c.beta1, c.beta2), device_type)
+        if ddp:   # same init everywhere; dropout and SR draw per-process streams from here on
+            torch.manual_seed(c.seed + rank)
+        if (c.batch_size * c.block_size) % 32 and recipe.quantized:
+            log(f"note: {c.batch_size * c.block_size} tokens per micro-step are not a multiple of "
+                f"the Wgrad block: fp4 pads them with zero rows")
+
+        iter_num, best_val_loss, n_nonfinite = 0, float("inf"), 0
+        ckpt_path = os.path.join(c.out_dir, "ckpt.pt")
+        if c.init_from == "resume":
+            ckpt, src = load_checkpoint(c.resume_from or ckpt_path, map_location=c.device)
+            check_compatible(ckpt, src, margs)
+            try:
+                raw_model.load_state_dict(ckpt["model"])
+                optimizer.load_state_dict(ckpt["optimizer"])
+            except (RuntimeError, ValueError, KeyError) as e:
+                raise CheckpointError(f"{src} does not fit this model/optimizer: {e}") from e
+            iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+            n_nonfinite = ckpt.get("n_nonfinite", 0)
+            if ckpt["recipe"] != recipe.name:
+                log(f"note: {src} was trained with recipe {ckpt['recipe']!r}, continuing with "
+                    f"{recipe.name!r}")
+            if ckpt.get("world_size") == world:
+                train_loader.load_state_dict(ckpt["loader"][rank])
+                set_rng_state(ckpt["rng"][rank])
+            else:
+                log(f"warning: {src} was written by {ckpt.get('world_size')} processes, now "
+                    f"{world}: data order and RNG streams restart from the seed")
+            log(f"resumed from {src} at iter {iter_num} (best val loss {best_val_loss:.4f})")
+            del ckpt
+        start_iter = iter_num
+
+        model = raw_model
+        if c.compile:
+            model = torch.compile(model)
+        if ddp:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model, device_ids=[int(c.device.split(":")[1])] if device_type == "cuda"
+                        else None)
+        def all_reduce_mean(t):   # gloo has no ReduceOp.AVG
+            dist.all_reduce(t)
+            t /= world
+
+        flops_per_token = raw_model.estimate_flops_per_token()
+        log(f"model: {raw_model.num_params() / 1e6:.2f}M params ({raw_model.active_params() / 1e6:.2f}M "
+            f"active), recipe {recipe.name}, {world} process(es) on {c.device}, {c.dtype}, "
+            f"{tokens_per_iter} tokens/iter")
+
+        @torch.no_grad()
+        def estimate_loss():
+            """Mean CE loss over eval_iters fixed batches per split; leaves every RNG as it was."""
+            out = {}
+            model.eval()
+            with torch.random.fork_rng(devices=[c.device] if device_type == "cuda" else []):
+                for split in ("train", "val"):
+                    ld = loader(split, c.seed + 1)
+                    losses = torch.zeros(c.eval_iters, device=c.device)
+                    for k in range(c.eval_iters):
+                        x, y = ld.next_batch()
+                        with ctx:
+                            _, loss = raw_model(x, y)
+                        losses[k] = loss   # in eval mode the model returns the CE alone
+                    m = losses.mean()
+                    if ddp:
+                        all_reduce_mean(m)
+                    out[split] = m.item()
+            model.train()
+            return out
+
+        def checkpoint(iter_num):
+            if not all_finite(raw_model):
+                log(f"warning: non-finite weights at iter {iter_num}: not overwriting {ckpt_path}")
+                return
+            states = dict(rng=rng_state(), loader=train_loader.state_dict())
+            gathered = [None] * world
+            if ddp:
+                dist.all_gather_object(gathered, states)
+            else:
+                gathered = [states]
+            if master:
+                save_checkpoint(dict(
+                    model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
+                    iter_num=iter_num, best_val_loss=best_val_loss, config=cfg,
+                    model_args=dataclasses.asdict(margs), recipe=recipe.name,
+                    recipe_spec=repr(recipe), meta=meta, n_nonfinite=n_nonfinite,
+                    world_size=world, rng=[g["rng"] for g in gathered],
+                    loader=[g["loader"] for g in gathered]), ckpt_path)
+                log(f"saved checkpoint {ckpt_path} at iter {iter_num}")
+
+        logf = None
+        if master and not c.dry_run:
+            os.makedirs(c.out_dir, exist_ok=True)
+            logf = open(os.path.join(c.out_dir, "log.jsonl"), "a")
+        wandb = None
+        if c.wandb_log and master and not c.dry_run:
+            import wandb
+            wandb.init(project=c.wandb_project, name=c.wandb_run_name or None, config=cfg,
+                       mode=c.wandb_mode, dir=c.out_dir)
+
+        def record(rec):
+            if logf:
+                logf.write(json.dumps(rec) + "\n")
+                logf.flush()
+            if wandb:
+                wandb.log({k: v for k, v in rec.items() if not isinstance(v, list)},
+                          step=rec["iter"])
+
+        def do_eval(iter_num):
+            nonlocal best_val_loss
+            losses = estimate_loss()
+            log(f"eval iter {iter_num}: train loss {losses['train']:.4f}, val loss "
+                f"{losses['val']:.4f}")
+            record(dict(type="eval", iter=iter_num, train_loss=losses["train"],
+                        val_loss=losses["val"]))
+            improved = losses["val"] < best_val_loss
+            best_val_loss = min(best_val_loss, losses["val"])
+            if (improved or c.always_save_checkpoint) and iter_num > start_iter and not c.dry_run:
+                checkpoint(iter_num)
+
+        if c.eval_only:
+            do_eval(iter_num)
+            return best_val_loss
+
+        # the training loop; a checkpoint is always taken at an iteration boundary
+        t0, dt_avg, bad_in_row, last = time.time(), None, 0, {}
+        while iter_num < c.max_iters:
+            if iter_num % c.eval_interval == 0 and (iter_num > start_iter or c.init_from == "scratch"):
+                do_eval(iter_num)
+                t0 = time.time()   # step timings leave the eval out
+            lr = get_lr(iter_num, c)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+            loss_sum = torch.zeros((), device=c.device)
+            for micro in range(accum):
+                if ddp:
+                    model.require_backward_grad_sync = micro == accum - 1
+                x, y = train_loader.next_batch()
+                with ctx:
+                    _, loss = model(x, y)
+                if c.debug_nan_at_iter <= iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
+                    loss = loss * float("nan")
+                loss_sum += loss.detach()
+                (loss / accum).backward()
+            if ddp:
+                all_reduce_mean(loss_sum)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                raw_model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf"))
+            loss_val, norm_val = loss_sum.item() / accum, grad_norm.item()
+            finite = math.isfinite(loss_val) and math.isfinite(norm_val)
+            if finite:
+                optimizer.step()
+                if hasattr(raw_model, "update_router_bias"):
+                    raw_model.update_router_bias(all_reduce=dist.all_reduce if ddp else None)
+                bad_in_row = 0
+            else:
+                n_nonfinite += 1
+                bad_in_row += 1
+                record(dict(type="nonfinite", iter=iter_num, loss=loss_val, grad_norm=norm_val))
+                log(f"iter {iter_num}: non-finite loss {loss_val} / grad norm {norm_val}: "
+                    f"step skipped ({bad_in_row} in a row, {n_nonfinite} in all)")
+                if c.nonfinite_policy == "stop" or bad_in_row >= c.max_nonfinite:
+                    kept = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) \
+                        else "no checkpoint was written yet"
+                    raise NonFiniteError(
+                        f"stopping at iter {iter_num}: {bad_in_row} non-finite step(s) in a row "
+                        f"(policy {c.nonfinite_policy!r}, max_nonfinite={c.max_nonfinite}); {kept}")
+            optimizer.zero_grad(set_to_none=True)
+            if c.dry_run:
+                log(f"dry run: one step done, loss {loss_val:.4f}; nothing written")
+                return loss_val
+
+            t1 = time.time()
+            dt, t0 = t1 - t0, t1
+            iter_num += 1
+            if iter_num - start_iter > 1:   # the first step includes warm-up work
+                dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
+            if (iter_num - 1) % c.log_interval == 0 or iter_num == c.max_iters:
+                step = dt_avg or dt
+                tok_s = tokens_per_iter / step
+                mfu = flops_per_token * tok_s / (c.peak_tflops * 1e12 * world)
+                rec = dict(type="train", iter=iter_num - 1, loss=loss_val, lr=lr,
+                           grad_norm=norm_val, dt_ms=dt * 1000, tok_per_s=tok_s, mfu=mfu)
+                rec.update(moe_record(raw_model))
+                if c.telemetry_interval and (iter_num - 1) % c.telemetry_interval == 0:
+                    rec.update(weight_telemetry(raw_model))
+                record(rec)
+                last = rec
+                log(f"iter {iter_num - 1} | loss {loss_val:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms | "
+                    f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.2f}% | "
+                    f"ETA {fmt_time((c.max_iters - iter_num) * step)}")
+        if iter_num > start_iter:
+            do_eval(iter_num)
+        if c.final_sample_tokens and master:
+            from sample import decoder
+            first = meta["stoi"].get("\n", 0) if meta["tokenizer"] == "char" else meta.get("eot_token", 0)
+            x = torch.full((1, 1), first, dtype=torch.long, device=c.device)
+            raw_model.eval()
+            with ctx:
+                out = raw_model.generate(x, c.final_sample_tokens, temperature=0.8, top_k=200)
+            log("sample:\n" + decoder(meta)(out[0].tolist()))
+        return last.get("loss")
+    finally:
+        if ddp:
+            dist.destroy_process_group()
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ConfigError, CheckpointError, NonFiniteError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
