@@ -2,10 +2,12 @@
 analyze.py: shrinkage analysis, the paper's tensor-level measurements.
 
   python analyze.py grids                      # the picture at the top of the README
-  python analyze.py tensors --ckpt out/x/ckpt.pt [--batches 1]
-      capture the real operands of every quantized GEMM of a trained checkpoint (inputs of
+  python analyze.py tensors --ckpt out/x/ckpt.pt [--out results/shrinkage]
+      capture the real operands of every quantized GEMM of a trained bf16 checkpoint (inputs of
       qkv/proj/fc1/fc2, weights, and dy from one backward pass) and report alpha, SQNR and
-      B_eff per format, with and without RHT, as a markdown table
+      B_eff per format, with and without RHT (markdown + jsonl); then the depth picture: one
+      batch forward under each recipe with the same weights, per-block RMS ratio to bf16 and the
+      running product of alphas (json + png)
 
 All the math lives in fp4.py (attenuation, sqnr_db, bucket_use, bin_bias); this file only
 collects tensors and prints or draws.
@@ -99,26 +101,129 @@ def capture_operands(model, x, y):
     return grabbed
 
 
-def analyze_checkpoint(ckpt_path, batches, out_md):
-    import train  # reuses the trainer's checkpoint loading and data pipeline
-    model, loader = train.load_for_analysis(ckpt_path)
+def load_model(ckpt_path, device="cpu"):
+    """A trained model (in its checkpoint's recipe-free bf16 form) and a val-batch loader."""
+    import data
+    import train
+    from data.loader import BinLoader
+    from model import GPT, GPTConfig
+    ckpt, _ = train.load_checkpoint(ckpt_path, map_location=device)
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    model.to(device).eval()
+    cfg = ckpt["config"]
+    path = data.prepare_dataset(cfg["dataset"], cfg.get("data_dir", "data"))
+    loader = BinLoader(path, "val", model.config.block_size, cfg["batch_size"], seed=0, device=device)
+    return model, loader
+
+
+def tensor_table(model, loader, out_prefix):
+    """alpha / SQNR / B_eff of every GEMM operand type, averaged over layers, per format x RHT."""
     x, y = loader.next_batch()
     tensors = capture_operands(model, x, y)
     rows = []
     for name, (t, dim) in tensors.items():
         rows += report_rows(name, t, dim)
-    lines = ["| tensor | format | RHT | alpha | SQNR dB | B_eff |", "|---|---|---|---|---|---|"]
+    # group by operand type (qkv.x, fc2.x, fc1.W, ...): mean over layers
+    groups = {}
     for r in rows:
-        lines.append(f"| {r['tensor']} | {r['format']} | {'yes' if r['rht'] else 'no'} | "
-                     f"{r['alpha']:.4f} | {r['sqnr_db']:.2f} | {r['b_eff']:.3f} |")
+        kind = ".".join(r["tensor"].split(".")[2:])
+        groups.setdefault((kind, r["format"], r["rht"]), []).append(r)
+    lines = ["| operand | format | RHT | alpha | SQNR dB | B_eff |", "|---|---|---|---|---|---|"]
+    for (kind, fmt, rht), rs in groups.items():
+        mean = lambda k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+        lines.append(f"| {kind} | {fmt} | {'yes' if rht else 'no'} | {mean('alpha'):.4f} | "
+                     f"{mean('sqnr_db'):.2f} | {mean('b_eff'):.3f} |")
     text = "\n".join(lines)
-    print(text)
-    if out_md:
-        with open(out_md, "w") as f:
-            f.write(text + "\n")
-        with open(os.path.splitext(out_md)[0] + ".jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    return rows
+    with open(out_prefix + "_tensors.md", "w") as f:
+        f.write("Mean over layers of each GEMM operand of one val batch (x: layer input, W: "
+                "weight, dy: output gradient), quantized along its Fprop/Dgrad reduction dim.\n\n"
+                + text + "\n")
+    with open(out_prefix + "_tensors.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return text
+
+
+@torch.no_grad()
+def depth_profile(model, loader, recipes, out_prefix):
+    """One batch forward under each recipe with the same (bf16-trained) weights: per block, the
+    RMS of the hidden state relative to bf16's, and the running product of the Fprop operand
+    alphas (alpha_x * alpha_W of every quantized linear up to that block)."""
+    import copy
+    x, _ = loader.next_batch()
+
+    def hidden_states(m):
+        hs, hooks = [], [b.register_forward_hook(lambda mod, i, o: hs.append(o.float()))
+                         for b in m.blocks]
+        m(x)
+        for h in hooks:
+            h.remove()
+        return hs
+
+    ref = hidden_states(model)
+    result = {}
+    for name in recipes:
+        recipe = fp4.make_recipe(name)
+        m = fp4.convert(copy.deepcopy(model), recipe)
+        alphas = []   # per block: product of alpha_x * alpha_W over its quantized linears
+        hooks = []
+        for block in m.blocks:
+            prod = [1.0]
+
+            def hook(mod, inp, out, prod=prod):
+                f = mod.recipe.fprop
+                if isinstance(mod, fp4.FP4Linear) and f.fmt:
+                    xi = inp[0].reshape(-1, inp[0].shape[-1])
+                    rht = mod.recipe.rht_size if f.rht else None
+                    ref_x = fp4.rht_transform(xi, rht) if rht else xi.float()
+                    ref_w = fp4.rht_transform(mod.weight, rht) if rht else mod.weight.float()
+                    fmt_w = fp4.replace(fp4.get_format(f.fmt), block_2d=mod.recipe.weight_2d)
+                    prod[0] *= fp4.attenuation(ref_x, fp4.fake_quant(xi, f.fmt, rht=rht, dtype=torch.float32))
+                    prod[0] *= fp4.attenuation(ref_w, fp4.fake_quant(mod.weight, fmt_w, rht=rht,
+                                                                      dtype=torch.float32))
+            for mod in block.modules():
+                if isinstance(mod, fp4.FP4Linear):
+                    hooks.append(mod.register_forward_hook(hook))
+            alphas.append(prod)
+        hs = hidden_states(m)
+        for h in hooks:
+            h.remove()
+        running, chain = 1.0, []
+        for p in alphas:
+            running *= p[0]
+            chain.append(running)
+        result[name] = dict(rms_ratio=[(h.pow(2).mean() / r.pow(2).mean()).sqrt().item()
+                                       for h, r in zip(hs, ref)],
+                            alpha_chain=chain)
+    with open(out_prefix + "_depth.json", "w") as f:
+        json.dump(result, f, indent=1)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (name, r) in enumerate(result.items()):
+        layers = range(1, len(r["rms_ratio"]) + 1)
+        a1.plot(layers, r["rms_ratio"], "o-", color=f"C{i}", label=name)
+        a2.plot(layers, r["alpha_chain"], "o-", color=f"C{i}", label=name)
+    a1.axhline(1, color="k", lw=0.5), a2.axhline(1, color="k", lw=0.5)
+    a1.set(xlabel="block", ylabel="RMS(h) / RMS(h_bf16)", title="hidden-state RMS vs bf16")
+    a2.set(xlabel="block", ylabel="running product of alpha_x * alpha_W",
+           title="compounded Fprop attenuation")
+    a1.legend(fontsize=8), a2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_prefix + "_depth.png", dpi=110)
+    return result
+
+
+def analyze_checkpoint(ckpt_path, out_prefix, device="cpu"):
+    model, loader = load_model(ckpt_path, device)
+    os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
+    print(tensor_table(model, loader, out_prefix))
+    model.zero_grad(set_to_none=True)
+    depth = depth_profile(model, loader, ["e2m1", "ufp4", "nvfp4", "mxfp4"], out_prefix)
+    for name, r in depth.items():
+        print(f"{name:6s} last-block RMS ratio {r['rms_ratio'][-1]:.4f}, alpha chain {r['alpha_chain'][-1]:.4f}")
+    print(f"wrote {out_prefix}_tensors.md, _tensors.jsonl, _depth.json, _depth.png")
 
 
 def main(argv):
@@ -126,15 +231,16 @@ def main(argv):
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("grids", help="draw the e2m1 vs int4 grid picture")
     g.add_argument("--out", default="docs/grids.png")
-    t = sub.add_parser("tensors", help="alpha/SQNR/B_eff of a checkpoint's real GEMM operands")
+    t = sub.add_parser("tensors", help="alpha/SQNR/B_eff of a checkpoint's real GEMM operands, "
+                                        "and the depth profile under each recipe")
     t.add_argument("--ckpt", required=True)
-    t.add_argument("--batches", type=int, default=1)
-    t.add_argument("--out", default="")
+    t.add_argument("--out", default="results/shrinkage", help="prefix of the output files")
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     if args.cmd == "grids":
         draw_grids(args.out)
     else:
-        analyze_checkpoint(args.ckpt, args.batches, args.out)
+        analyze_checkpoint(args.ckpt, args.out, args.device)
 
 
 if __name__ == "__main__":
