@@ -129,24 +129,54 @@ def _randbits16(seed, roff, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
+def _maxnan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+_INTERP = tl.constexpr(INTERPRET) if HAVE_TRITON else INTERPRET
+
+
+@triton.jit
+def _amax(v, axis: tl.constexpr):
+    """max along axis, NaN if any element is NaN (like torch.amax). The interpreter runs custom
+    reductions element by element, so there: max + a NaN flag (same result)."""
+    if _INTERP:
+        m = tl.max(v, axis=axis)
+        return tl.where(tl.max(tl.where(v != v, 1, 0), axis=axis) > 0, float("nan"), m)
+    else:
+        return tl.reduce(v, axis, _maxnan)
+
+
+@triton.jit
+def _div(x, y, ns):
+    """RN(x / s) for s > 0 from y = RN(1 / s) and ns = -s: q = x y, then one exact-residual
+    correction (Markstein); bit-equal to IEEE division while x, s, 1/s and x/s stay normal. The
+    sign of a zero result may be lost: callers take signs from x."""
+    q = x * y
+    r = tl.fma(q, ns, x)
+    return tl.fma(r, y, q)
+
+
+@triton.jit
 def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
                 QMAX: tl.constexpr, EMAX: tl.constexpr, NSEG: tl.constexpr,
                 S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
                 ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
-                BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr):
+                BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr,
+                CODES: tl.constexpr, DEQ: tl.constexpr):
+    E2M1: tl.constexpr = (NSEG == 3) and (S1 == 2.0) and (S2 == 4.0) and (ST0 == 0.5) and (ST1 == 1.0) and (ST2 == 2.0)
     """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
-    Returns codes [R, C] int32, stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK] for 2D tiles)
-    and dequantized values [R, C] fp32 (already divided by s_enc for e4m3)."""
+    Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
+    for 2D tiles) and dequantized values [R, C] fp32 (if DEQ; divided by s_enc for e4m3).
+    Per element: one division as a multiply + 2 FMAs by the block's reciprocal, rounding to the
+    grid by adding and subtracting step * 2^23 (RNE in fp32 = ties to the even grid index)."""
     NB: tl.constexpr = C // BLOCK
     xb = tl.reshape(x, [R, NB, BLOCK])
     xa = tl.abs(xb)
-    bad_el = tl.where(xa <= 3.4028234663852886e38, 0, 1)  # NaN or Inf
-    if B2D:
-        amax = tl.max(tl.max(tl.reshape(xa, [R // BLOCK, BLOCK, NB, BLOCK]), axis=3), axis=1)
-        bad = tl.max(tl.max(tl.reshape(bad_el, [R // BLOCK, BLOCK, NB, BLOCK]), axis=3), axis=1)
+    if B2D:  # NaN-propagating max: a block holding NaN or Inf gets a non-finite amax
+        amax = _amax(_amax(tl.reshape(xa, [R // BLOCK, BLOCK, NB, BLOCK]), 3), 1)
     else:
-        amax = tl.max(xa, axis=2)
-        bad = tl.max(bad_el, axis=2)
+        amax = _amax(xa, 2)
     qm = tl.zeros_like(amax) + QMAX
     if SCALE == 0:    # fp32: amax / qmax
         sc = tl.div_rn(amax, qm)
@@ -158,90 +188,239 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
         e = tl.maximum(ebits - 127 - EMAX, -127)
         pw = tl.where(e >= -126, (e + 127) << 23, 0x400000).to(tl.float32, bitcast=True)
         sc = tl.where(amax > 0, pw, 0.0)
-    sc = tl.where(bad > 0, float("nan"), sc)
+    sc = tl.where(amax <= 3.4028234663852886e38, sc, float("nan"))  # NaN/Inf block: NaN scale
     if B2D:  # tile scales -> one per row and block
         sc_rows = tl.reshape(tl.broadcast_to(sc[:, None, :], [R // BLOCK, BLOCK, NB]), [R, NB])
     else:
         sc_rows = sc
-    scb = tl.broadcast_to(sc_rows[:, :, None], [R, NB, BLOCK])
-    if SCALE == 1:
-        t = tl.div_rn(xb * s_enc, scb)
+    valid = sc_rows > 0  # zero blocks and NaN scales: code 0 (+0)
+    # per block: the divisor d, its reciprocal y and the numerator's factor f (x / d = x f / (d f))
+    if SCALE == 0:  # keep d f and 1 / (d f) normal for tiny and huge blocks
+        f = tl.where(sc_rows < 5.421010862427522e-20, 1.8446744073709552e19,
+                     tl.where(sc_rows > 1.8446744073709552e19, 5.421010862427522e-20, 1.0))
+        d = sc_rows * f
+    elif SCALE == 1:
+        f = tl.zeros_like(sc_rows) + s_enc
+        d = sc_rows
     else:
-        t = tl.div_rn(xb, scb)
-    t = tl.where(scb > 0, t, 0.0)  # zero blocks and NaN scales: code 0 (+0)
-    sign = t.to(tl.int32, bitcast=True) & -2147483648  # 0x80000000
-    a = tl.minimum(tl.abs(t), QMAX)
-    start = tl.zeros_like(a)
-    inv = tl.zeros_like(a) + 1.0 / ST0
-    i0 = tl.zeros_like(sign)
-    if NSEG > 1:
-        in1 = a >= S1
-        start = tl.where(in1, S1, start)
-        inv = tl.where(in1, 1.0 / ST1, inv)
-        i0 = tl.where(in1, I1, i0)
-    if NSEG > 2:
-        in2 = a >= S2
-        start = tl.where(in2, S2, start)
-        inv = tl.where(in2, 1.0 / ST2, inv)
-        i0 = tl.where(in2, I2, i0)
-    k = (a - start) * inv  # exact: steps are powers of two
+        d = sc_rows
+    dd = tl.where(valid, d, 1.0)
+    y = tl.div_rn(tl.zeros_like(dd) + 1.0, dd)
+    yb = tl.broadcast_to(y[:, :, None], [R, NB, BLOCK])
+    if SCALE == 2:  # a power of two: the product is the correctly rounded quotient
+        t = xb * yb
+    else:
+        t = _div(xb * f[:, :, None], yb, tl.broadcast_to(-dd[:, :, None], [R, NB, BLOCK]))
+    # the sign bit of x where the block is valid (per-block mask: one AND per element)
+    smask = tl.broadcast_to(tl.where(valid, -2147483648, 0)[:, :, None], [R, NB, BLOCK])
+    sign = xb.to(tl.int32, bitcast=True) & smask
+    a = tl.minimum(tl.abs(t), QMAX)  # invalid blocks: t is +-0 (zero / underflowed scale) or
+    #                                   the block is NaN (its values are NaN whatever the codes)
+    if CODES:
+        a = tl.where(smask != 0, a, 0.0)
     if SR:  # round up with probability frac(k), from 16 random bits (centred)
+        start = tl.zeros_like(a)
+        step = tl.zeros_like(a) + ST0
+        inv = tl.zeros_like(a) + 1.0 / ST0
+        if NSEG > 1:
+            in1 = a >= S1
+            start = tl.where(in1, S1, start)
+            step = tl.where(in1, ST1, step)
+            inv = tl.where(in1, 1.0 / ST1, inv)
+        if NSEG > 2:
+            in2 = a >= S2
+            start = tl.where(in2, S2, start)
+            step = tl.where(in2, ST2, step)
+            inv = tl.where(in2, 1.0 / ST2, inv)
+        k = (a - start) * inv  # exact: steps are powers of two
         rnd = tl.reshape(_randbits16(seed, roff, R, C), [R, NB, BLOCK])
         kl = k.to(tl.int32)
         fr = (k - kl.to(tl.float32)) * 65536.0
-        ki = kl + ((rnd + 0.5) < fr).to(tl.int32)
+        mag = (kl + ((rnd + 0.5) < fr).to(tl.int32)).to(tl.float32) * step + start
+    else:  # RNE of a to a multiple of its piece's step: (a + step 2^23) - step 2^23
+        if E2M1:  # step = 2^(exponent of a) / 2 for a >= 1, 0.5 below: from a's exponent bits
+            big = tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 4194304.0,
+                             4194304.0)
+        else:
+            big = tl.zeros_like(a) + ST0 * 8388608.0
+            if NSEG > 1:
+                big = tl.where(a >= S1, ST1 * 8388608.0, big)
+            if NSEG > 2:
+                big = tl.where(a >= S2, ST2 * 8388608.0, big)
+        mag = (a + big) - big
+    code = 0
+    if CODES:
+        idx = (mag * (1.0 / ST0)).to(tl.int32)
+        if NSEG > 1:
+            idx = tl.where(mag >= S1, I1 + ((mag - S1) * (1.0 / ST1)).to(tl.int32), idx)
+        if NSEG > 2:
+            idx = tl.where(mag >= S2, I2 + ((mag - S2) * (1.0 / ST2)).to(tl.int32), idx)
+        code = tl.reshape(idx | (sign >> 28 & 8), [R, C])
+    deq = 0
+    if DEQ:
+        scb = tl.broadcast_to(sc_rows[:, :, None], [R, NB, BLOCK])
+        v = mag * scb  # exact for e4m3 / e8m0 scales; NaN for NaN blocks
+        if SCALE == 1:  # / s_enc, kept normal by a power-of-two factor for huge s_enc
+            ft = tl.where(s_enc > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
+            st = s_enc * ft
+            v = _div(mag * (scb * ft), tl.div_rn(tl.zeros_like(st) + 1.0, st), -st)
+        deq = tl.reshape((v.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True), [R, C])
+    return code, sc, deq
+
+
+# Tiles are loaded so that each thread holds whole groups of G consecutive elements along the
+# blocked dim (G = 16 or 32, a multiple of the block): block amax, per-block scale math and a
+# 16-point RHT then stay inside a thread (no shuffles, no replicated per-block work).
+#   row side (blocks along N, contiguous): two loads of the half-groups, joined.
+#   column side (blocks along M): G loads of one row each per group, joined by a tree of
+#   tl.join (the new minor dims of a join live in registers), so no transpose copy is needed.
+
+
+@triton.jit
+def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
+    """x[m0:m0+BM, n0:n0+BN] as fp32 [BM, BN]; each thread holds whole G-groups along N."""
+    H: tl.constexpr = G // 2
+    r = m0 + tl.arange(0, BM)
+    c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
+    off = base + r[:, None, None].to(tl.int64) * N + c
+    mask = (r[:, None, None] < M) & (c < N)
+    lo = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    hi = tl.load(x_ptr + off + H, mask=mask, other=0.0).to(tl.float32)
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), [BM, BN])
+
+
+@triton.jit
+def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
+    """Inverse of _load_rows: v [BM, BN] -> ptr (row-major [M, N] at base)."""
+    H: tl.constexpr = G // 2
+    lo, hi = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, H]), (0, 1, 3, 2)))
+    r = m0 + tl.arange(0, BM)
+    c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
+    off = base + r[:, None, None].to(tl.int64) * N + c
+    mask = (r[:, None, None] < M) & (c < N)
+    tl.store(ptr + off, lo.to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + off + H, hi.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _ldc(x_ptr, base, rows, n, M, N):
+    off = base + rows[:, None].to(tl.int64) * N + n[None, :]
+    return tl.load(x_ptr + off, mask=(rows[:, None] < M) & (n[None, :] < N), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _ldc2(x_ptr, base, rows, n, M, N, S: tl.constexpr):
+    return tl.join(_ldc(x_ptr, base, rows, n, M, N), _ldc(x_ptr, base, rows + S, n, M, N))
+
+
+@triton.jit
+def _ldc4(x_ptr, base, rows, n, M, N, S: tl.constexpr):
+    return tl.join(_ldc2(x_ptr, base, rows, n, M, N, 2 * S), _ldc2(x_ptr, base, rows + S, n, M, N, 2 * S))
+
+
+@triton.jit
+def _ldc8(x_ptr, base, rows, n, M, N, S: tl.constexpr):
+    return tl.join(_ldc4(x_ptr, base, rows, n, M, N, 2 * S), _ldc4(x_ptr, base, rows + S, n, M, N, 2 * S))
+
+
+@triton.jit
+def _ldc16(x_ptr, base, rows, n, M, N, S: tl.constexpr):
+    return tl.join(_ldc8(x_ptr, base, rows, n, M, N, 2 * S), _ldc8(x_ptr, base, rows + S, n, M, N, 2 * S))
+
+
+@triton.jit
+def _ldc32(x_ptr, base, rows, n, M, N, S: tl.constexpr):
+    return tl.join(_ldc16(x_ptr, base, rows, n, M, N, 2 * S), _ldc16(x_ptr, base, rows + S, n, M, N, 2 * S))
+
+
+@triton.jit
+def _load_cols(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
+    """x[m0:m0+BM, n0:n0+BN] transposed, as fp32 [BN, BM]; each thread holds whole G-groups
+    along M. Leaf j of the join tree loads rows m0 + g G + j (g < BM / G)."""
+    rows = m0 + tl.arange(0, BM // G) * G
+    n = n0 + tl.arange(0, BN)
+    if G == 16:
+        t = _ldc16(x_ptr, base, rows, n, M, N, 1)
     else:
-        ki = _rtne_int(k)
-    idx = tl.minimum(i0 + ki, 7)
-    mag = _grid_mag(idx, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
-    val = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)  # keeps -0.0
-    deq = val * scb
-    if SCALE == 1:
-        deq = tl.div_rn(deq, tl.zeros_like(deq) + s_enc)
-    code = idx | (sign >> 28 & 8)
-    return tl.reshape(code, [R, C]), sc, tl.reshape(deq, [R, C])
+        t = _ldc32(x_ptr, base, rows, n, M, N, 1)
+    t = tl.reshape(t, [BM // G, BN, G])
+    return tl.reshape(tl.permute(t, (1, 0, 2)), [BN, BM])
 
 
 @triton.jit
-def _pack(code, R: tl.constexpr, C: tl.constexpr):
+def _stc(ptr, base, v, rows, n, M, N):
+    off = base + rows[:, None].to(tl.int64) * N + n[None, :]
+    tl.store(ptr + off, v.to(ptr.dtype.element_ty), mask=(rows[:, None] < M) & (n[None, :] < N))
+
+
+@triton.jit
+def _stc2(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+    a, b = tl.split(v)
+    _stc(ptr, base, a, rows, n, M, N)
+    _stc(ptr, base, b, rows + S, n, M, N)
+
+
+@triton.jit
+def _stc4(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+    a, b = tl.split(v)
+    _stc2(ptr, base, a, rows, n, M, N, 2 * S)
+    _stc2(ptr, base, b, rows + S, n, M, N, 2 * S)
+
+
+@triton.jit
+def _stc8(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+    a, b = tl.split(v)
+    _stc4(ptr, base, a, rows, n, M, N, 2 * S)
+    _stc4(ptr, base, b, rows + S, n, M, N, 2 * S)
+
+
+@triton.jit
+def _stc16(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+    a, b = tl.split(v)
+    _stc8(ptr, base, a, rows, n, M, N, 2 * S)
+    _stc8(ptr, base, b, rows + S, n, M, N, 2 * S)
+
+
+@triton.jit
+def _stc32(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+    a, b = tl.split(v)
+    _stc16(ptr, base, a, rows, n, M, N, 2 * S)
+    _stc16(ptr, base, b, rows + S, n, M, N, 2 * S)
+
+
+@triton.jit
+def _store_cols(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
+    """Inverse of _load_cols: v [BN, BM] (transposed tile) -> ptr (row-major [M, N] at base)."""
+    t = tl.permute(tl.reshape(v, [BN, BM // G, G]), (1, 0, 2))
+    rows = m0 + tl.arange(0, BM // G) * G
+    n = n0 + tl.arange(0, BN)
+    if G == 16:
+        _stc16(ptr, base, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2]), rows, n, M, N, 1)
+    else:
+        _stc32(ptr, base, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2, 2]), rows, n, M, N, 1)
+
+
+@triton.jit
+def _store_packed(code, sc, a, r0, k0, NR, NK, codes_ptr, scales_ptr, R: tl.constexpr,
+                  C: tl.constexpr, BLOCK: tl.constexpr, B2D: tl.constexpr, G: tl.constexpr):
+    """Codes of a tile (rows r0 + [0, R), blocked columns k0 + [0, C)) -> [a, NR, NK/2] bytes
+    (element 2i low nibble), scales -> [a, NR, NK/BLOCK] (2D tiles: [NR/BLOCK, NK/BLOCK])."""
     lo, hi = tl.split(tl.reshape(code, [R, C // 2, 2]))
-    return (lo | (hi << 4)).to(tl.uint8)
-
-
-@triton.jit
-def _store_side(code, sc, deq, a, r0, k0, NR, NK, stride_fr, stride_fk, fake_ptr, codes_ptr,
-                scales_ptr, R: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
-                B2D: tl.constexpr, FAKE: tl.constexpr, PACKED: tl.constexpr, TRANS: tl.constexpr):
-    """Store one orientation's results of a tile whose rows are r0 + [0, R) and blocked
-    columns k0 + [0, C), within a [NR, NK] problem (batch a). Codes/scales go to the packed
-    layout [a, NR, NK/2] / [a, NR, NK/BLOCK]; the fake output to the original layout (strides
-    stride_fr, stride_fk; TRANS: the tile is stored transposed, rows contiguous)."""
+    byte = tl.reshape((lo | (hi << 4)).to(tl.uint8), [R, C // G, G // 2])
     rr = r0 + tl.arange(0, R)
-    kk = k0 + tl.arange(0, C)
-    if FAKE:
-        if TRANS:
-            d = tl.trans(deq)
-            off = a * NR * NK + rr[None, :].to(tl.int64) * stride_fr + kk[:, None].to(tl.int64) * stride_fk
-            m = (rr[None, :] < NR) & (kk[:, None] < NK)
-        else:
-            d = deq
-            off = a * NR * NK + rr[:, None].to(tl.int64) * stride_fr + kk[None, :].to(tl.int64) * stride_fk
-            m = (rr[:, None] < NR) & (kk[None, :] < NK)
-        tl.store(fake_ptr + off, d.to(fake_ptr.dtype.element_ty), mask=m)
-    if PACKED:
-        kh = k0 // 2 + tl.arange(0, C // 2)
-        off = (a * NR + rr[:, None].to(tl.int64)) * (NK // 2) + kh[None, :]
-        tl.store(codes_ptr + off, _pack(code, R, C), mask=(rr[:, None] < NR) & (kh[None, :] < NK // 2))
-        NB: tl.constexpr = C // BLOCK
-        kb = k0 // BLOCK + tl.arange(0, NB)
-        if B2D:
-            rb = r0 // BLOCK + tl.arange(0, R // BLOCK)
-            off = rb[:, None] * (NK // BLOCK) + kb[None, :]
-            m = (rb[:, None] < NR // BLOCK) & (kb[None, :] < NK // BLOCK)
-        else:
-            off = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
-            m = (rr[:, None] < NR) & (kb[None, :] < NK // BLOCK)
-        tl.store(scales_ptr + off, sc, mask=m)
+    kh = k0 // 2 + (tl.arange(0, C // G) * (G // 2))[None, :, None] + tl.arange(0, G // 2)[None, None, :]
+    off = (a * NR + rr[:, None, None].to(tl.int64)) * (NK // 2) + kh
+    tl.store(codes_ptr + off, byte, mask=(rr[:, None, None] < NR) & (kh < NK // 2))
+    NB: tl.constexpr = C // BLOCK
+    kb = k0 // BLOCK + tl.arange(0, NB)
+    if B2D:
+        rb = r0 // BLOCK + tl.arange(0, R // BLOCK)
+        off2 = rb[:, None] * (NK // BLOCK) + kb[None, :]
+        m2 = (rb[:, None] < NR // BLOCK) & (kb[None, :] < NK // BLOCK)
+    else:
+        off2 = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
+        m2 = (rr[:, None] < NR) & (kb[None, :] < NK // BLOCK)
+    tl.store(scales_ptr + off2, sc, mask=m2)
 
 
 @triton.jit
@@ -249,31 +428,30 @@ def _quant_kernel(x_ptr, M, N,
                   r_fake, r_codes, r_scales, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_senc, c_signs, c_seed,
                   BM: tl.constexpr, BN: tl.constexpr, FAKE: tl.constexpr, PACKED: tl.constexpr,
-                  DO_ROW: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
+                  DO_ROW: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
                   R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
                   R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
                   R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
                   R_RHT: tl.constexpr, R_INV: tl.constexpr,
-                  DO_COL: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
+                  DO_COL: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
                   C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
                   C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
                   C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
                   C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
                   C_RHT: tl.constexpr, C_INV: tl.constexpr):
-    """x: [A, M, N] contiguous; one [BM, BN] tile per program, read once. Row side: blocks along
-    N (outputs [A, M, N/2] codes); column side: blocks along M (outputs [A, N, M/2] codes, the
-    blocked dim moved last as in fp4.py); fake outputs in x's layout."""
+    """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
+    [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
+    in fp4.py); fake outputs in x's layout. With both sides the second read of the tile comes
+    from L2 (one pass over HBM)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2).to(tl.int64)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    off = a * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
-    x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    m0 = pid_m * BM
+    n0 = pid_n * BN
+    base = a * M * N
     if DO_ROW:
-        xr = x
+        xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G)
         if R_RHT > 0:
             xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV)
         s_enc = 1.0
@@ -281,14 +459,17 @@ def _quant_kernel(x_ptr, M, N,
             s_enc = tl.load(r_senc)
         roff = 0
         if R_SR:
+            rm = m0 + tl.arange(0, BM)
             roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // 8) + pid_n * (BN // 8) + tl.arange(0, BN // 8)[None, :]
         code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
-                                    R_BLOCK, R_SCALE, R_B2D, R_SR)
-        _store_side(code, sc, deq, a, pid_m * BM, pid_n * BN, M, N, N, 1, r_fake, r_codes, r_scales,
-                    BM, BN, R_BLOCK, R_B2D, FAKE, PACKED, False)
+                                    R_BLOCK, R_SCALE, R_B2D, R_SR, PACKED, FAKE)
+        if FAKE:
+            _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G)
+        if PACKED:
+            _store_packed(code, sc, a, m0, n0, M, N, r_codes, r_scales, BM, BN, R_BLOCK, R_B2D, R_G)
     if DO_COL:
-        xc = tl.trans(x)  # [BN, BM]: blocks along M
+        xc = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G)  # [BN, BM]: blocks along M
         if C_RHT > 0:
             xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV)
         s_enc = 1.0
@@ -296,34 +477,34 @@ def _quant_kernel(x_ptr, M, N,
             s_enc = tl.load(c_senc)
         roff = 0
         if C_SR:
+            rn = n0 + tl.arange(0, BN)
             roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // 8) + pid_m * (BM // 8) + tl.arange(0, BM // 8)[None, :]
         code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
-                                    C_BLOCK, C_SCALE, C_B2D, C_SR)
-        _store_side(code, sc, deq, a, pid_n * BN, pid_m * BM, N, M, 1, N, c_fake, c_codes, c_scales,
-                    BN, BM, C_BLOCK, C_B2D, FAKE, PACKED, True)
+                                    C_BLOCK, C_SCALE, C_B2D, C_SR, PACKED, FAKE)
+        if FAKE:
+            _store_cols(c_fake, base, deq, m0, n0, M, N, BM, BN, C_G)
+        if PACKED:
+            _store_packed(code, sc, a, n0, m0, N, M, c_codes, c_scales, BN, BM, C_BLOCK, C_B2D, C_G)
 
 
 @triton.jit
 def _amax_kernel(x_ptr, part_ptr, M, N, signs_ptr, BM: tl.constexpr, BN: tl.constexpr,
-                 COL: tl.constexpr, RHT: tl.constexpr, INV: tl.constexpr):
+                 COL: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr, INV: tl.constexpr):
     """Per-program max |x| (after the RHT along N, or along M when COL); NaN if the tile has NaN."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    off = a.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
-    x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
-    if RHT > 0:
-        if COL:
-            x = _rht(tl.trans(x), signs_ptr, BN, BM, RHT, INV)
-        else:
+    base = a.to(tl.int64) * M * N
+    if COL:
+        x = _load_cols(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, G)
+        if RHT > 0:
+            x = _rht(x, signs_ptr, BN, BM, RHT, INV)
+    else:
+        x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, G)
+        if RHT > 0:
             x = _rht(x, signs_ptr, BM, BN, RHT, INV)
-    m = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    nan = tl.max(tl.max(tl.where(x != x, 1, 0), axis=1), axis=0)
-    m = tl.where(nan > 0, float("nan"), m)
+    m = _amax(_amax(tl.abs(x), 1), 0)  # NaN if the tile has NaN
     pid = (a * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m
     tl.store(part_ptr + pid, m)
 
@@ -353,10 +534,14 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
         soff = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
     sc = tl.load(scales_ptr + soff, mask=(rr[:, None] < NR) & (kb[None, :] < NK // BLOCK), other=0.0)
     mag = _grid_mag(code & 7, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
-    val = (mag.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
-    out = tl.reshape(tl.reshape(val, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
-    if HAS_TS:
-        out = tl.div_rn(out, tl.zeros_like(out) + tl.load(ts_ptr))
+    v = tl.reshape(tl.reshape(mag, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
+    if HAS_TS:  # / s_enc on magnitudes (see _div), kept normal for huge s_enc
+        ts = tl.load(ts_ptr)
+        ft = tl.where(ts > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
+        st = ts * ft
+        v = _div(v * ft, tl.broadcast_to(tl.div_rn(tl.zeros_like(st) + 1.0, st), [BR, BK]),
+                 tl.broadcast_to(-st, [BR, BK]))
+    out = (v.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
     kk = pid_k * BK + tl.arange(0, BK)
     if TRANS:
         o = tl.trans(out)
@@ -437,9 +622,9 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
                             B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
         acc = tl.dot(a, tl.trans(b), acc)
     if A_TS:
-        acc = tl.div_rn(acc, tl.zeros_like(acc) + tl.load(a_ts))
+        acc = acc * (1.0 / tl.load(a_ts))
     if B_TS:
-        acc = tl.div_rn(acc, tl.zeros_like(acc) + tl.load(b_ts))
+        acc = acc * (1.0 / tl.load(b_ts))
     off = rm[:, None].to(tl.int64) * N + rn[None, :]
     tl.store(c_ptr + off, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -478,7 +663,8 @@ def _side_meta(fmt, rounding, rht, p):
     grid = fp4.GRIDS[fmt.grid]
     m = dict(QMAX=float(grid.qmax), EMAX=int(math.floor(math.log2(grid.qmax))),
              BLOCK=fmt.block, SCALE=_SCALE_ID[fmt.scale], B2D=bool(fmt.block_2d),
-             SR=rounding == "sr", RHT=int(rht or 0), INV=float(1.0 / math.sqrt(rht or 1)))
+             SR=rounding == "sr", RHT=int(rht or 0), INV=float(1.0 / math.sqrt(rht or 1)),
+             G=max(16, fmt.block))
     m.update(_grid_meta(fmt.grid))
     return {p + k: v for k, v in m.items()}
 
@@ -487,7 +673,7 @@ def _off_meta(p):
     return {p + "QMAX": 1.0, p + "EMAX": 0, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
             p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
             p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
-            p + "INV": 1.0}
+            p + "INV": 1.0, p + "G": 16}
 
 
 def _seed(seed):
@@ -505,32 +691,34 @@ def _pow2_at_least(n, lo):
 
 
 def _tile(M, N, row, col, cfg=None):
-    """Tile [BM, BN]: BN a multiple of what the row side needs, BM of what the column side needs."""
+    """Tile [BM, BN] (and warps): BN a multiple of what the row side needs (block, G-group, RHT),
+    BM of what the column side needs; about 32 elements per thread."""
     if cfg:
         return cfg
-    need_n = row if row else 1
-    need_m = col if col else 1
-    if row and not col:  # rows of contiguous blocks: wide along N
-        BN = max(need_n, min(128, _pow2_at_least(N, 16)))
-        BM = max(need_m, min(max(4096 // BN, 16), _pow2_at_least(M, 16)))
+    BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
+    if row and not col:  # wide along the contiguous N
+        BM = max(16, min(4096 // BN, _pow2_at_least(M, 16)))
     else:
-        BM = max(need_m, 64 if INTERPRET else 64)
-        BN = max(need_n, min(128, _pow2_at_least(N, 16)))
-    return BM, BN
+        BM = max(col or 16, 32, 2 * (col or 16) if (col or 16) >= 32 else 32)
+        BM = max(BM, min(4096 // BN, 64)) if row else BM
+    while BM * BN > 8192 and BN > max(row or 16, 16):
+        BN //= 2
+    return BM, BN, _num_warps(BM, BN)
 
 
 def _num_warps(BM, BN):
-    return 8 if BM * BN >= 8192 else 4
+    return max(4, min(8, BM * BN // 1024))
 
 
-def _tensor_scale(x3, fmt, rht, col, BM, BN):
+def _tensor_scale(x3, fmt, rht, col, BM, BN, nw):
     """NVFP4's s_enc from a first pass over x (after the RHT, along N or along M when col)."""
     A, M, N = x3.shape
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
     part = torch.empty(grid[0] * grid[1] * grid[2], device=x3.device, dtype=torch.float32)
     signs = _signs(rht, x3.device) if rht else part
-    _amax_kernel[grid](x3, part, M, N, signs, BM=BM, BN=BN, COL=bool(col), RHT=int(rht or 0),
-                       INV=float(1.0 / math.sqrt(rht or 1)), num_warps=_num_warps(BM, BN))
+    _amax_kernel[grid](x3, part, M, N, signs, BM=BM, BN=BN, COL=bool(col), G=max(16, fmt.block),
+                       RHT=int(rht or 0), INV=float(1.0 / math.sqrt(rht or 1)), num_warps=nw,
+                       enable_fp_fusion=False)
     return fp4.tensor_scale_for(part, fmt)   # the reference formula on the same amax
 
 
@@ -546,7 +734,8 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
     """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
     A, M, N = x3.shape
     dev = x3.device
-    BM, BN = _tile(M, N, row and _need(row.fmt, row.rht), col and _need(col.fmt, col.rht), cfg)
+    BM, BN, nw = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
+                       col and math.lcm(_need(col.fmt, col.rht), 16), cfg)
     if row and row.fmt.block_2d:
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:
@@ -576,7 +765,7 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
         if fmt.scale == "e4m3":
             key = (side.rht if side.rht else 0, col_side if side.rht else None, fmt.grid)
             if key not in senc_cache:
-                senc_cache[key] = _tensor_scale(x3, fmt, side.rht, col_side, BM, BN)
+                senc_cache[key] = _tensor_scale(x3, fmt, side.rht, col_side, BM, BN, nw)
             side.s_enc = senc_cache[key]
         args += [side.fake if fake else dummy, side.codes if packed else dummy,
                  side.scales if packed else dummy, side.s_enc if side.s_enc is not None else dummy,
@@ -586,7 +775,7 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
     if M * N * A:
         _quant_kernel[grid](x3, M, N, *args, BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed),
-                            num_warps=_num_warps(BM, BN), **meta)
+                            num_warps=nw, enable_fp_fusion=False, **meta)
     for side in (row, col):
         if side is not None and fake and side.fake.dtype != out_dtype:
             side.fake = side.fake.to(out_dtype)
@@ -669,7 +858,7 @@ def dequantize(q, dtype=None):
     out = torch.empty(shape, device=q.codes.device, dtype=kdtype)
     trans = B > 1
     NR, Ab = (B, A) if trans else (A, 1)
-    BR = 64 if trans else min(64, _pow2_at_least(NR, 16))
+    BR = 64 if trans else min(32, _pow2_at_least(NR, 16))
     BK = 64 if trans else 128
     if fmt.block_2d:
         BR = max(BR, fmt.block)
@@ -682,7 +871,7 @@ def dequantize(q, dtype=None):
         _dequant_kernel[grid](codes, scales, ts, out, NR, K, 1 if trans else K, B if trans else 1,
                               BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
                               HAS_TS=q.tensor_scale is not None, TRANS=trans,
-                              num_warps=4, **_grid_meta(fmt.grid))
+                              num_warps=4, enable_fp_fusion=False, **_grid_meta(fmt.grid))
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
@@ -696,7 +885,7 @@ def _mm_config(M, N, K):
         return _MM_CFG
     if M >= 2048 and N >= 2048:
         return 128, 256, 64, 8, 8, 3
-    return 128, 128, 64, 8, 4, 3
+    return 128, 128, 64, 8, 8, 3
 
 
 def fp4_matmul(qa, qb, dtype=None):

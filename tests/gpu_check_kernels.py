@@ -1,0 +1,268 @@
+"""GPU-only check of kernels.py at real sizes: every kernel against fp4.py's torch reference run
+on the same GPU, bit for bit (RTNE); SR statistics; fp4_matmul vs fake quant + mm; FP4Linear
+with backend triton vs backend torch (y, dx, dW).
+
+    python tests/gpu_check_kernels.py [--quick]
+
+Exits 0 when all pass, 1 on any failure; prints 'skip' and exits 0 without CUDA."""
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+if not torch.cuda.is_available():
+    print("skip: no CUDA device")
+    sys.exit(0)
+
+import fp4  # noqa: E402
+import kernels  # noqa: E402
+
+DEV = "cuda"
+RESULTS = []
+
+
+def bits(t):
+    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64, 1: torch.uint8}[t.element_size()])
+
+
+def same(a, b, what):
+    """Bit-identical (any NaN matches any NaN); raises AssertionError with a count."""
+    assert (a is None) == (b is None), f"{what}: one is None"
+    if a is None:
+        return
+    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} vs {b.dtype}"
+    if a.dtype == torch.uint8:
+        bad = (a != b).sum().item()
+        assert bad == 0, f"{what}: {bad} of {a.numel()} bytes differ"
+        return
+    na, nb = a.isnan(), b.isnan()
+    assert torch.equal(na, nb), f"{what}: NaN positions differ ({na.sum().item()} vs {nb.sum().item()})"
+    diff = (bits(a) != bits(b)) & ~na
+    n = diff.sum().item()
+    assert n == 0, f"{what}: {n} of {a.numel()} differ, e.g. {a[diff][:3].tolist()} vs {b[diff][:3].tolist()}"
+
+
+def same_q(q, r, what):
+    same(q.codes, r.codes, what + " codes")
+    same(q.scales, r.scales, what + " scales")
+    same(q.tensor_scale, r.tensor_scale, what + " s_enc")
+
+
+def ref(fn, *a, **k):
+    fp4.set_backend("torch")
+    try:
+        return fn(*a, **k)
+    finally:
+        fp4.set_backend("auto")
+
+
+PART = (0, 1)  # (k, n): run only checks k, k + n, k + 2n, ... (parallel processes compile in parallel)
+_COUNTER = [0]
+
+
+def check(name, fn):
+    i = _COUNTER[0]
+    _COUNTER[0] += 1
+    if i % PART[1] != PART[0]:
+        return
+    t = time.time()
+    try:
+        fn()
+        RESULTS.append((name, "ok", time.time() - t, ""))
+        print(f"ok    {name}  ({time.time() - t:.1f}s)", flush=True)
+    except Exception as e:  # noqa: BLE001 -- report every failure, keep going
+        msg = f"{type(e).__name__}: {e}"
+        RESULTS.append((name, "FAIL", time.time() - t, msg))
+        print(f"FAIL  {name}: {msg}", flush=True)
+        traceback.print_exc(limit=3)
+    finally:
+        torch.cuda.empty_cache()
+
+
+def randn(*shape, seed=0, dtype=torch.bfloat16, specials=False):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(*shape, generator=g, device=DEV)
+    x = x * torch.exp2(torch.randint(-10, 10, shape[:-1] + (1,), generator=g, device=DEV).float())
+    if specials:  # zero rows/blocks, negative zeros, tiny negatives under a big amax
+        x[0] = 0.0
+        x[1, :64] = -0.0
+        x[2, 1:64] = -1e-9
+        x[2, 0] = 1.0
+        x[3, :64] *= 1e-20
+    return x.to(dtype)
+
+
+def fmt_of(name, block_2d=False):
+    f = fp4.FORMATS[name]
+    return dataclasses.replace(f, block_2d=True) if block_2d else f
+
+
+def check_quant(x, fmt, dim, rht, packed=True, fake=True, dtype=torch.bfloat16):
+    what = f"{fmt.name}{'/2d' if fmt.block_2d else ''} dim={dim} rht={rht}"
+    if packed:
+        q = kernels.quantize(x, fmt, dim=dim, rht=rht)
+        r = ref(fp4.quantize, x, fmt, dim=dim, rht=rht)
+        same_q(q, r, what)
+        same(kernels.dequantize(q, dtype), fp4.dequantize(r, dtype).contiguous(), what + " dequantize")
+        del q, r
+    if fake:
+        same(kernels.fake_quant(x, fmt, dim=dim, rht=rht, dtype=dtype),
+             ref(fp4.fake_quant, x, fmt, dim=dim, rht=rht, dtype=dtype).contiguous(), what + " fake_quant")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller sizes")
+    ap.add_argument("--part", default="0/1", help="k/n: this process runs every n-th check from k")
+    args = ap.parse_args()
+    global PART
+    PART = tuple(int(v) for v in args.part.split("/"))
+    big = (4096, 4096) if args.quick else (8192, 8192)
+    tall = (4096, 2048) if args.quick else (16384, 4096)
+    t0 = time.time()
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
+          f"{__import__('triton').__version__}  AVAILABLE={kernels.AVAILABLE}", flush=True)
+
+    xb = randn(*big, seed=1, specials=True)
+    xt = randn(*tall, seed=2, specials=True)
+    for i, name in enumerate(fp4.FORMATS):
+        fmt = fmt_of(name)
+        check(f"{name}: row fake RHT16 {big}", lambda: check_quant(xb, fmt, 1, 16, packed=False))
+        check(f"{name}: col fake RHT16 {tall}", lambda: check_quant(xt, fmt, 0, 16, packed=False))
+        check(f"{name}: row packed+dequant {tall}", lambda: check_quant(xt, fmt, 1, None, fake=False))
+        check(f"{name}: col packed+dequant {big}", lambda: check_quant(xb, fmt, 0, None, fake=False))
+
+    def nonfinite():
+        y = randn(2048, 1024, seed=3)
+        y[5, 7] = float("nan")
+        y[9, 100] = float("inf")
+        y[700, 3] = -float("inf")
+        for name in ("ufp4", "nvfp4", "mxfp4"):
+            check_quant(y, fmt_of(name), 1, None)
+            check_quant(y, fmt_of(name), 0, 16)
+    check("NaN/Inf blocks (ufp4, nvfp4, mxfp4)", nonfinite)
+
+    def large_rht():
+        y = randn(4096, 4096, seed=4)
+        for n in (32, 64, 128):
+            check_quant(y, fmt_of("ufp4"), 1, n, packed=False)
+            check_quant(y, fmt_of("nvfp4"), 0, n, packed=False)
+    check("RHT 32/64/128 (ufp4 row, nvfp4 col)", large_rht)
+
+    def weights_2d():
+        w = randn(4096, 4096, seed=5, dtype=torch.float32)
+        f2 = fmt_of("nvfp4", True)
+        for dim in (1, 0):
+            check_quant(w, f2, dim, None, dtype=torch.bfloat16)
+        row, col = kernels.quantize_both(w, f2, dtype=torch.bfloat16)
+        same(row, col, "2D tiles: Q(W) row-wise == column-wise")
+    check("nvfp4 2D 16x16 weight tiles", weights_2d)
+
+    def both():
+        x = randn(*tall, seed=6)
+        row, col = kernels.quantize_both(x, "nvfp4", rht_col=None, dtype=torch.bfloat16)
+        same(row, ref(fp4.fake_quant, x, "nvfp4", dim=1, dtype=torch.bfloat16), "both: row")
+        same(col, ref(fp4.fake_quant, x, "nvfp4", dim=0, dtype=torch.bfloat16).contiguous(), "both: col")
+        qr, qc = kernels.quantize_both(x, "ufp4", rht=16, rht_col=16, packed=True)
+        same_q(qr, ref(fp4.quantize, x, "ufp4", dim=1, rht=16), "both packed: row")
+        same_q(qc, ref(fp4.quantize, x, "ufp4", dim=0, rht=16), "both packed: col")
+    check("quantize_both (fake nvfp4, packed ufp4+RHT)", both)
+
+    def sr():
+        n = 4096
+        g = torch.Generator(device=DEV).manual_seed(7)
+        base = torch.randn(1, 1024, generator=g, device=DEV)
+        for name, dim, rht in (("ufp4", 1, 16), ("nvfp4", 0, 16), ("mxfp4", 1, None)):
+            fmt = fmt_of(name)
+            x = base.expand(n, 1024).contiguous()
+            if dim == 0:
+                x = x.t().contiguous()
+            y = kernels.fake_quant(x, fmt, dim=dim, rounding="sr", rht=rht, seed=11, dtype=torch.float32)
+            if dim == 0:
+                y = y.t()
+            r = fp4.rht_transform(base, rht) if rht else base
+            q = ref(fp4.quantize, r, fmt)
+            scale = q.scales.double().repeat_interleave(fmt.block, -1)[0]
+            if q.tensor_scale is not None:
+                scale = scale / q.tensor_scale.double()
+            lv = fp4.GRIDS[fmt.grid].levels
+            step = scale * max(b - a for a, b in zip(lv, lv[1:]))
+            qmax = fp4.GRIDS[fmt.grid].qmax
+            target = torch.maximum(torch.minimum(r[0].double(), qmax * scale), -qmax * scale)
+            err = (y.double().mean(0) - target).abs()
+            bound = 5 * step / 2 / math.sqrt(n) + 1e-7 * r.abs().max()
+            assert (err <= bound).all(), f"SR {name}: max err/bound {(err / bound).max().item():.2f}"
+            y2 = kernels.fake_quant(x, fmt, dim=dim, rounding="sr", rht=rht, seed=11, dtype=torch.float32)
+            same(y2.t() if dim == 0 else y2, y, f"SR {name}: same seed, same bits")
+    check("SR unbiased (ufp4 row, nvfp4 col, mxfp4)", sr)
+
+    def gemm():
+        M, N, K = (4096, 4096, 4096) if args.quick else (8192, 8192, 8192)
+        a = randn(M, K, seed=8)
+        w = randn(N, K, seed=9)
+        for name, rht in (("ufp4", 16), ("nvfp4", None), ("mxfp4", None), ("nvint4", 16)):
+            fa, fw = fmt_of(name), fmt_of(name, block_2d=name.startswith("nv"))
+            qa, qw = kernels.quantize(a, fa, rht=rht), kernels.quantize(w, fw, rht=rht)
+            out = kernels.fp4_matmul(qa, qw, dtype=torch.float32)
+            # the same bf16 operands (value x block scale), fp32 accumulation by cuBLAS
+            opa = fp4.dequantize(dataclasses.replace(qa, tensor_scale=None), torch.bfloat16)
+            opw = fp4.dequantize(dataclasses.replace(qw, tensor_scale=None), torch.bfloat16)
+            r = opa.float() @ opw.float().t()   # fp32 GEMM (TF32 off by default)
+            for q in (qa, qw):
+                if q.tensor_scale is not None:
+                    r = r / q.tensor_scale
+            rel = ((out - r).norm() / r.norm()).item()
+            assert rel < 1e-5, f"{name}: fp4_matmul vs same-operand mm rel {rel:.2e}"
+            fq = torch.mm(kernels.fake_quant(a, fa, rht=rht), kernels.fake_quant(w, fw, rht=rht).t())
+            rel2 = ((out - fq.float()).norm() / fq.float().norm()).item()
+            assert rel2 < 1e-2, f"{name}: fp4_matmul vs fake quant + mm rel {rel2:.2e}"
+            print(f"      gemm {name}: rel vs same-operand mm {rel:.1e}, vs fake quant + mm {rel2:.1e}")
+    check("fp4_matmul vs mm of the same operands / fake quant + mm", gemm)
+
+    def linear(recipe_name, sr):
+        T, IN, OUT = (4096, 2048, 2048) if args.quick else (16384, 4096, 4096)
+        recipe = fp4.make_recipe(recipe_name, sr_dy=sr)
+        torch.manual_seed(0)
+        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
+        x = randn(T, IN, seed=10, dtype=torch.float32) * 0.01
+        dy = randn(T, OUT, seed=12, dtype=torch.bfloat16)
+        outs = {}
+        for backend in ("torch", "triton"):
+            fp4.set_backend(backend)
+            xi = x.clone().requires_grad_(True)
+            lin.weight.grad = None
+            torch.manual_seed(1)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = lin(xi)
+            y.backward(dy.to(y.dtype))
+            outs[backend] = (y.detach(), xi.grad, lin.weight.grad.clone())
+        fp4.set_backend("auto")
+        for i, nm in enumerate(("y", "dx", "dW")):
+            a, b = outs["triton"][i], outs["torch"][i]
+            if sr and nm != "y":  # different random bits: same distribution
+                rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
+                assert rel < 0.2, f"{recipe_name} SR {nm}: rel diff {rel:.3f}"
+            else:
+                same(a, b, f"{recipe_name} {nm}")
+    for rn in ("ufp4", "nvfp4", "mxfp4", "e2m1"):
+        check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear(rn, False))
+    check("FP4Linear nvfp4 with SR dy: close", lambda: linear("nvfp4", True))
+
+    n_fail = sum(r[1] != "ok" for r in RESULTS)
+    print(f"\n[part {args.part}] {len(RESULTS) - n_fail}/{len(RESULTS)} checks passed in {time.time() - t0:.0f}s")
+    for name, st, dt, msg in RESULTS:
+        if st != "ok":
+            print(f"  FAIL {name}: {msg[:300]}")
+    sys.exit(1 if n_fail else 0)
+
+
+if __name__ == "__main__":
+    main()
