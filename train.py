@@ -323,6 +323,24 @@ def check_compatible(ckpt, path, margs):
 # -----------------------------------------------------------------------------
 # helpers for the loop
 
+def trim_log(path, iter_num):
+    """On resume: drop the records a crashed run wrote after its checkpoint (and a line cut by a
+    kill), so that log.jsonl reads as one uninterrupted run."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("iter", 0) < iter_num or (rec.get("type") == "eval" and rec["iter"] == iter_num):
+                keep.append(line if line.endswith("\n") else line + "\n")
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
 def fmt_time(s):
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -394,7 +412,7 @@ def main(argv=None):
     ctx = contextlib.nullcontext() if c.dtype == "float32" else \
         torch.autocast(device_type, dtype=torch.bfloat16)
     tokens_per_iter = c.gradient_accumulation_steps * c.batch_size * c.block_size
-    log = print if master else (lambda *a, **k: None)
+    log = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
 
     try:
         # data: prepared on first use; vocab_size from its meta
@@ -446,7 +464,7 @@ def main(argv=None):
         iter_num, best_val_loss, n_nonfinite = 0, float("inf"), 0
         ckpt_path = os.path.join(c.out_dir, "ckpt.pt")
         if c.init_from == "resume":
-            ckpt, src = load_checkpoint(c.resume_from or ckpt_path, map_location=c.device)
+            ckpt, src = load_checkpoint(c.resume_from or ckpt_path)  # on the CPU: RNG states
             check_compatible(ckpt, src, margs)
             try:
                 raw_model.load_state_dict(ckpt["model"])
@@ -466,6 +484,8 @@ def main(argv=None):
                     f"{world}: data order and RNG streams restart from the seed")
             log(f"resumed from {src} at iter {iter_num} (best val loss {best_val_loss:.4f})")
             del ckpt
+            if master:
+                trim_log(os.path.join(c.out_dir, "log.jsonl"), iter_num)
         start_iter = iter_num
 
         model = raw_model
@@ -561,6 +581,7 @@ def main(argv=None):
 
         # the training loop; a checkpoint is always taken at an iteration boundary
         t0, dt_avg, bad_in_row, last = time.time(), None, 0, {}
+        t_start = t0
         while iter_num < c.max_iters:
             if iter_num % c.eval_interval == 0 and (iter_num > start_iter or c.init_from == "scratch"):
                 do_eval(iter_num)
@@ -618,7 +639,8 @@ def main(argv=None):
                 tok_s = tokens_per_iter / step
                 mfu = flops_per_token * tok_s / (c.peak_tflops * 1e12 * world)
                 rec = dict(type="train", iter=iter_num - 1, loss=loss_val, lr=lr,
-                           grad_norm=norm_val, dt_ms=dt * 1000, tok_per_s=tok_s, mfu=mfu)
+                           grad_norm=norm_val, dt_ms=dt * 1000, tok_per_s=tok_s, mfu=mfu,
+                           elapsed_s=t1 - t_start)
                 rec.update(moe_record(raw_model))
                 if c.telemetry_interval and (iter_num - 1) % c.telemetry_interval == 0:
                     rec.update(weight_telemetry(raw_model))

@@ -1,0 +1,6 @@
+# The base config of `python ablate.py configs/gpt_ablate.py ...`: configs/_gpt_small.py (ablate.py
+# sets out_dir, seed and each arm's recipe overrides). For GPU-sized sweeps use configs/gpu/_gpt2_small.py.
+from configs._gpt_small import *  # noqa: F401,F403
+
+recipe = "bf16"
+final_sample_tokens = 0
