@@ -22,6 +22,7 @@ casts (the interpreter truncates).
 AVAILABLE is True when triton imports and a CUDA device exists; fp4.py's dispatch uses it.
 Under TRITON_INTERPRET=1 the same functions run on CPU tensors (what CI tests).
 """
+import functools
 import math
 import os
 
@@ -47,6 +48,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AVAILABLE = HAVE_TRITON and torch.cuda.is_available()
 
 _SCALE_ID = {"fp32": 0, "e4m3": 1, "e8m0": 2}
+ROWLOAD = 0  # how row tiles are loaded (see _load_rows); a module setting for benchmarks
+ROW_TILE = None  # (BM, BN, num_warps) for row-wise tiles when N allows; None: _tile's choice
 _FLT_MAX = 3.4028234663852886e38
 
 # -----------------------------------------------------------------------------
@@ -277,8 +280,16 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
 
 
 @triton.jit
-def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
-    """x[m0:m0+BM, n0:n0+BN] as fp32 [BM, BN]; each thread holds whole G-groups along N."""
+def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
+               MODE: tl.constexpr):
+    """x[m0:m0+BM, n0:n0+BN] as fp32 [BM, BN]. MODE 0: two strided loads of the half-groups,
+    joined, so each thread holds whole G-groups along N; MODE 1: one plain coalesced load (a
+    group spans lanes: the compiler shuffles)."""
+    if MODE == 1:
+        r1 = m0 + tl.arange(0, BM)
+        c1 = n0 + tl.arange(0, BN)
+        off1 = base + r1[:, None].to(tl.int64) * N + c1[None, :]
+        return tl.load(x_ptr + off1, mask=(r1[:, None] < M) & (c1[None, :] < N), other=0.0).to(tl.float32)
     H: tl.constexpr = G // 2
     r = m0 + tl.arange(0, BM)
     c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
@@ -290,8 +301,15 @@ def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G:
 
 
 @triton.jit
-def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
+def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
+                MODE: tl.constexpr):
     """Inverse of _load_rows: v [BM, BN] -> ptr (row-major [M, N] at base)."""
+    if MODE == 1:
+        r1 = m0 + tl.arange(0, BM)
+        c1 = n0 + tl.arange(0, BN)
+        off1 = base + r1[:, None].to(tl.int64) * N + c1[None, :]
+        tl.store(ptr + off1, v.to(ptr.dtype.element_ty), mask=(r1[:, None] < M) & (c1[None, :] < N))
+        return
     H: tl.constexpr = G // 2
     lo, hi = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, H]), (0, 1, 3, 2)))
     r = m0 + tl.arange(0, BM)
@@ -415,7 +433,7 @@ def _store_packed(code, sc, a, r0, k0, NR, NK, codes_ptr, scales_ptr, R: tl.cons
     kb = k0 // BLOCK + tl.arange(0, NB)
     if B2D:
         rb = r0 // BLOCK + tl.arange(0, R // BLOCK)
-        off2 = rb[:, None] * (NK // BLOCK) + kb[None, :]
+        off2 = (a * (NR // BLOCK) + rb[:, None]) * (NK // BLOCK) + kb[None, :]
         m2 = (rb[:, None] < NR // BLOCK) & (kb[None, :] < NK // BLOCK)
     else:
         off2 = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
@@ -424,11 +442,22 @@ def _store_packed(code, sc, a, r0, k0, NR, NK, codes_ptr, scales_ptr, R: tl.cons
 
 
 @triton.jit
+def _s_enc(amax_ptr, senc_ptr, QMAX: tl.constexpr, FIRST):
+    """NVFP4's tensor scale from the tensor amax (int32 bits of a non-negative float or NaN, as
+    _amax_kernel leaves them): s_enc = qmax 448 / amax, 1 when amax is 0 (fp4.tensor_scale_for).
+    The first program also stores it (the QTensor's tensor_scale)."""
+    amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
+    s = tl.where(amax == 0.0, 1.0, tl.div_rn(tl.zeros_like(amax) + QMAX * 448.0, amax))
+    tl.store(senc_ptr, s, mask=FIRST)
+    return s
+
+
+@triton.jit
 def _quant_kernel(x_ptr, M, N,
-                  r_fake, r_codes, r_scales, r_senc, r_signs, r_seed,
-                  c_fake, c_codes, c_scales, c_senc, c_signs, c_seed,
+                  r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
+                  c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
                   BM: tl.constexpr, BN: tl.constexpr, FAKE: tl.constexpr, PACKED: tl.constexpr,
-                  DO_ROW: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
+                  ROWLOAD: tl.constexpr, DO_ROW: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
                   R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
                   R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
@@ -451,12 +480,12 @@ def _quant_kernel(x_ptr, M, N,
     n0 = pid_n * BN
     base = a * M * N
     if DO_ROW:
-        xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G)
+        xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD)
         if R_RHT > 0:
             xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV)
         s_enc = 1.0
         if R_SCALE == 1:
-            s_enc = tl.load(r_senc)
+            s_enc = _s_enc(r_amax, r_senc, R_QMAX, pid_m + pid_n + a == 0)
         roff = 0
         if R_SR:
             rm = m0 + tl.arange(0, BM)
@@ -465,7 +494,7 @@ def _quant_kernel(x_ptr, M, N,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
                                     R_BLOCK, R_SCALE, R_B2D, R_SR, PACKED, FAKE)
         if FAKE:
-            _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G)
+            _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD)
         if PACKED:
             _store_packed(code, sc, a, m0, n0, M, N, r_codes, r_scales, BM, BN, R_BLOCK, R_B2D, R_G)
     if DO_COL:
@@ -474,7 +503,7 @@ def _quant_kernel(x_ptr, M, N,
             xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV)
         s_enc = 1.0
         if C_SCALE == 1:
-            s_enc = tl.load(c_senc)
+            s_enc = _s_enc(c_amax, c_senc, C_QMAX, pid_m + pid_n + a == 0)
         roff = 0
         if C_SR:
             rn = n0 + tl.arange(0, BN)
@@ -490,7 +519,8 @@ def _quant_kernel(x_ptr, M, N,
 
 @triton.jit
 def _amax_kernel(x_ptr, part_ptr, M, N, signs_ptr, BM: tl.constexpr, BN: tl.constexpr,
-                 COL: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr, INV: tl.constexpr):
+                 COL: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr, INV: tl.constexpr,
+                 ROWLOAD: tl.constexpr):
     """Per-program max |x| (after the RHT along N, or along M when COL); NaN if the tile has NaN."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -501,12 +531,12 @@ def _amax_kernel(x_ptr, part_ptr, M, N, signs_ptr, BM: tl.constexpr, BN: tl.cons
         if RHT > 0:
             x = _rht(x, signs_ptr, BN, BM, RHT, INV)
     else:
-        x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, G)
+        x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, G, ROWLOAD)
         if RHT > 0:
             x = _rht(x, signs_ptr, BM, BN, RHT, INV)
     m = _amax(_amax(tl.abs(x), 1), 0)  # NaN if the tile has NaN
-    pid = (a * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m
-    tl.store(part_ptr + pid, m)
+    # non-negative floats (and +NaN) order like their int32 bits: one atomic max for the tensor
+    tl.atomic_max(part_ptr, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
 
 
 @triton.jit
@@ -529,7 +559,7 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
     kb = pid_k * NB + tl.arange(0, NB)
     if B2D:
         rb = rr // BLOCK
-        soff = rb[:, None] * (NK // BLOCK) + kb[None, :]
+        soff = (a * (NR // BLOCK) + rb[:, None]) * (NK // BLOCK) + kb[None, :]
     else:
         soff = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
     sc = tl.load(scales_ptr + soff, mask=(rr[:, None] < NR) & (kb[None, :] < NK // BLOCK), other=0.0)
@@ -642,7 +672,16 @@ def _signs(n, device):
     return _SIGNS[key]
 
 
+@functools.lru_cache(maxsize=None)
+def _grid_meta_cached(grid_name):
+    return _grid_meta_uncached(grid_name)
+
+
 def _grid_meta(grid_name):
+    return dict(_grid_meta_cached(grid_name))
+
+
+def _grid_meta_uncached(grid_name):
     grid = fp4.GRIDS[grid_name]
     segs = fp4._segments(grid)
     if len(segs) > 3 or grid.levels[0] != 0.0 or len(grid.levels) != 8:
@@ -656,6 +695,11 @@ def _grid_meta(grid_name):
 
 
 def _side_meta(fmt, rounding, rht, p):
+    return dict(_side_meta_cached(fmt, rounding, rht, p))
+
+
+@functools.lru_cache(maxsize=None)
+def _side_meta_cached(fmt, rounding, rht, p):
     if rounding not in ("rtne", "sr"):
         raise ValueError(f"unknown rounding {rounding!r}; valid: 'rtne', 'sr'")
     if rht and rht not in fp4.RHT_SIZES:
@@ -695,6 +739,8 @@ def _tile(M, N, row, col, cfg=None):
     BM of what the column side needs; about 32 elements per thread."""
     if cfg:
         return cfg
+    if row and not col and ROW_TILE and ROW_TILE[1] % row == 0 and N >= ROW_TILE[1]:
+        return ROW_TILE
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N
         BM = max(16, min(4096 // BN, _pow2_at_least(M, 16)))
@@ -710,16 +756,58 @@ def _num_warps(BM, BN):
     return max(4, min(8, BM * BN // 1024))
 
 
-def _tensor_scale(x3, fmt, rht, col, BM, BN, nw):
-    """NVFP4's s_enc from a first pass over x (after the RHT, along N or along M when col)."""
+def _tensor_amax(x3, fmt, rht, col, BM, BN, nw):
+    """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
+    an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc)."""
     A, M, N = x3.shape
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
-    part = torch.empty(grid[0] * grid[1] * grid[2], device=x3.device, dtype=torch.float32)
-    signs = _signs(rht, x3.device) if rht else part
-    _amax_kernel[grid](x3, part, M, N, signs, BM=BM, BN=BN, COL=bool(col), G=max(16, fmt.block),
-                       RHT=int(rht or 0), INV=float(1.0 / math.sqrt(rht or 1)), num_warps=nw,
-                       enable_fp_fusion=False)
-    return fp4.tensor_scale_for(part, fmt)   # the reference formula on the same amax
+    out = torch.zeros(1, device=x3.device, dtype=torch.int32)
+    signs = _signs(rht, x3.device) if rht else out
+    _launch(_amax_kernel, grid, (x3, out, M, N, signs),
+            dict(BM=BM, BN=BN, COL=bool(col), G=max(16, fmt.block), RHT=int(rht or 0),
+                 INV=float(1.0 / math.sqrt(rht or 1)), ROWLOAD=ROWLOAD, num_warps=nw,
+                 enable_fp_fusion=False))
+    return out
+
+
+def _tensor_scale(x3, fmt, rht, col, BM, BN, nw):
+    """s_enc as a 0-dim tensor (the reference formula on the kernel's amax)."""
+    amax = _tensor_amax(x3, fmt, rht, col, BM, BN, nw).view(torch.float32)[0]
+    return fp4.tensor_scale_for(amax, fmt)
+
+
+_FAST = {}
+
+
+def _spec(v):
+    """What Triton specializes a launch argument on (ints: ==1, %16, 64-bit; pointers: 16-byte
+    alignment, dtype), so a cached compiled kernel is only reused where Triton would reuse it."""
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, int):
+        return ("i", v == 1, v % 16 == 0, -2**31 <= v < 2**31)
+    return (type(v),)
+
+
+def _launch(kernel, grid, args, meta):
+    """kernel[grid](*args, **meta), but later calls with the same specialization launch the
+    compiled kernel directly (Triton's generic launch path costs tens of microseconds of host
+    time per call, which dominates small tensors)."""
+    if INTERPRET:
+        kernel[grid](*args, **meta)
+        return
+    key = (kernel, args[0].device.index, tuple(sorted(meta.items())), tuple(_spec(v) for v in args))
+    ck = _FAST.get(key)
+    if ck is None:
+        ck = kernel[grid](*args, **meta)
+        if ck is not None:
+            names = kernel.arg_names[len(args):]
+            _FAST[key] = (ck, [meta[n] for n in names])
+        return
+    ck, tail = ck
+    ck[grid](*args, *tail)
 
 
 class _Side:
@@ -748,7 +836,7 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
     senc_cache = {}
     for side, p, col_side in ((row, "R_", False), (col, "C_", True)):
         if side is None:
-            args += [dummy, dummy, dummy, dummy, dummy, 0]
+            args += [dummy, dummy, dummy, dummy, dummy, dummy, 0]
             meta.update(_off_meta(p))
             meta["DO_ROW" if p == "R_" else "DO_COL"] = False
             continue
@@ -757,25 +845,29 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
         side.fake = torch.empty((A, M, N), device=dev, dtype=fake_dtype) if fake else None
         if packed:
             side.codes = torch.empty((A, NR, NK // 2), device=dev, dtype=torch.uint8)
-            sshape = (NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
+            sshape = (A, NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
             side.scales = torch.empty(sshape, device=dev, dtype=torch.float32)
         else:
             side.codes = side.scales = None
         side.s_enc = None
+        amax = dummy
         if fmt.scale == "e4m3":
-            key = (side.rht if side.rht else 0, col_side if side.rht else None, fmt.grid)
+            key = (side.rht if side.rht else 0, col_side if side.rht else None)
             if key not in senc_cache:
-                senc_cache[key] = _tensor_scale(x3, fmt, side.rht, col_side, BM, BN, nw)
-            side.s_enc = senc_cache[key]
+                senc_cache[key] = _tensor_amax(x3, fmt, side.rht, col_side, BM, BN, nw)
+            amax = senc_cache[key]
+            side.s_enc = torch.empty((), device=dev, dtype=torch.float32)
         args += [side.fake if fake else dummy, side.codes if packed else dummy,
-                 side.scales if packed else dummy, side.s_enc if side.s_enc is not None else dummy,
+                 side.scales if packed else dummy, amax,
+                 side.s_enc if side.s_enc is not None else dummy,
                  _signs(side.rht, dev) if side.rht else dummy, side.seed]
         meta.update(_side_meta(fmt, side.rounding, side.rht, p))
         meta["DO_ROW" if p == "R_" else "DO_COL"] = True
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
     if M * N * A:
-        _quant_kernel[grid](x3, M, N, *args, BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed),
-                            num_warps=nw, enable_fp_fusion=False, **meta)
+        meta.update(BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed), ROWLOAD=ROWLOAD,
+                    num_warps=nw, enable_fp_fusion=False)
+        _launch(_quant_kernel, grid, (x3, M, N, *args), meta)
     for side in (row, col):
         if side is not None and fake and side.fake.dtype != out_dtype:
             side.fake = side.fake.to(out_dtype)
@@ -802,7 +894,11 @@ def _prep(x, fmt, dim, rht):
 def _qtensor(x, side, dim, moved_shape):
     fmt = side.fmt
     codes = side.codes.reshape(*moved_shape[:-1], moved_shape[-1] // 2)
-    scales = side.scales if fmt.block_2d else side.scales.reshape(*moved_shape[:-1], moved_shape[-1] // fmt.block)
+    b = fmt.block
+    if fmt.block_2d:  # tiles over the last two dims of the moved shape
+        scales = side.scales.reshape(*moved_shape[:-2], moved_shape[-2] // b, moved_shape[-1] // b)
+    else:
+        scales = side.scales.reshape(*moved_shape[:-1], moved_shape[-1] // b)
     return fp4.QTensor(codes, scales, side.s_enc, fmt, tuple(x.shape), x.dtype, dim, side.rht)
 
 
@@ -868,10 +964,10 @@ def dequantize(q, dtype=None):
     ts = q.tensor_scale if q.tensor_scale is not None else scales
     grid = (triton.cdiv(NR, BR), triton.cdiv(K, BK), Ab)
     if out.numel():
-        _dequant_kernel[grid](codes, scales, ts, out, NR, K, 1 if trans else K, B if trans else 1,
-                              BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
-                              HAS_TS=q.tensor_scale is not None, TRANS=trans,
-                              num_warps=4, enable_fp_fusion=False, **_grid_meta(fmt.grid))
+        _launch(_dequant_kernel, grid, (codes, scales, ts, out, NR, K, 1 if trans else K, B if trans else 1),
+                dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
+                     HAS_TS=q.tensor_scale is not None, TRANS=trans,
+                     num_warps=4, enable_fp_fusion=False, **_grid_meta(fmt.grid)))
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 

@@ -109,6 +109,14 @@ def test_rtne_2d_tiles(name):
             check_rtne(x, fmt, dim, rht)
 
 
+def test_rtne_2d_tiles_stacked_experts():
+    """2D tiles on stacked expert weights [E, out, in]: over (out, in) for dim 2, (in, out) for dim 1."""
+    w = randn(3, 32, 48, seed=16)
+    for name in ("nvfp4", "ufp4"):
+        for dim in (2, 1):
+            check_rtne(w, fmt_of(name, block_2d=True), dim, None)
+
+
 def test_rtne_nd_and_bf16_input():
     x = randn(2, 32, 24, seed=4)
     for dim in (0, 1, 2):
