@@ -95,21 +95,16 @@ def main():
     def eff(ms, nbytes):
         return nbytes / ms / 1e9
 
-    # --- row tiles: load mode x tile shape; the best becomes the default for the later sections
+    # --- row tiles: load mode x tile shape (the defaults in kernels._tile come from this table)
     def s_cfg():
-        best = (1e9, None, None)
         for mode in (0, 1):
-            kernels.ROWLOAD = mode
-            for cfg in ((32, 128, 4), (16, 256, 4), (8, 512, 4), (64, 128, 8), (16, 512, 8), (32, 256, 8)):
-                ms = bench(lambda: kernels.fake_quant(x, "ufp4", rht=16, _cfg=cfg))
+            for cfg in ((32, 128, 4), (16, 256, 4), (8, 512, 4), (64, 128, 8), (16, 512, 8)):
+                ms = bench(lambda: kernels.fake_quant(x, "ufp4", rht=16, _cfg=cfg + (mode,)))
                 add("tile", f"row fake ufp4 RHT16 load mode {mode} cfg {cfg}", ms, "xcopy", eff(ms, 4 * n) / cbw)
-                if ms < best[0]:
-                    best = (ms, mode, cfg)
-            ms = bench(lambda: kernels._tensor_amax(x.view(1, S, S), fp4.FORMATS["nvfp4"], 16, False, 16, 256, 4))
-            add("tile", f"amax pass alone (read only), RHT16, load mode {mode} cfg (16, 256, 4)", ms, "xcopy",
-                eff(ms, 2 * n) / cbw)
-        kernels.ROWLOAD, kernels.ROW_TILE = best[1], best[2]
-        add("tile", f"-> row default: load mode {best[1]}, cfg {best[2]}", best[0], "", None)
+        d = kernels._tile(S, S, 16, None)
+        ms = bench(lambda: kernels._tensor_amax(x.view(1, S, S), fp4.FORMATS["nvfp4"], 16, False, *d))
+        add("tile", f"nvfp4 tensor amax pass alone (reads x), RHT16, default tile {d}", ms, "xcopy",
+            eff(ms, 2 * n) / cbw)
         xt = x.t().contiguous()
         for cfg in ((32, 128, 4), (32, 256, 8), (64, 128, 8)):
             ms = bench(lambda: kernels.fake_quant(xt, "ufp4", dim=0, rht=16, _cfg=cfg))
@@ -134,11 +129,6 @@ def main():
                 ">=0.80", "incl. amax pass" if fp4.FORMATS[name].scale == "e4m3" else "")
             add("fake", f"{name} no RHT", ms_off, "xcopy", eff(ms_off, 4 * n) / cbw)
             add("fake", f"{name} RHT on/off", ms_on, "ratio", ms_on / ms_off, "<=1.05")
-            if name == "nvfp4":
-                ms_a = bench(lambda: kernels._tensor_scale(x.view(1, S, S), fp4.FORMATS[name], 16, False,
-                                                           32, 128, 4))
-                add("fake", "nvfp4 tensor amax pass alone (RHT16)", ms_a, "xcopy", eff(ms_a, 2 * n) / cbw,
-                    "", "reads x once")
     section("fake", s_fake)
 
     def s_sr():
@@ -204,6 +194,29 @@ def main():
             add("gemm", f"fake quant (bf16) + cuBLAS {name}", ms, "x bf16", ms_bf / ms, "", "quantize both operands each call")
     section("gemm", s_gemm, 40)
 
+    def graphed(f):
+        """f captured in a CUDA graph (its replay: GPU time without Python launch overhead)."""
+        st = torch.cuda.Stream()
+        st.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(st):
+            for _ in range(3):
+                f()
+        torch.cuda.current_stream().wait_stream(st)
+        gr = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr):
+            f()
+        return gr.replay
+
+    def both_ways(f):
+        """(eager ms, CUDA-graph replay ms or None)."""
+        ms = bench(f, rep=300)
+        try:
+            mg = bench(graphed(f), rep=300)
+        except Exception as e:  # noqa: BLE001
+            print(f"   graph capture failed: {type(e).__name__}: {str(e)[:120]}")
+            mg = None
+        return ms, mg
+
     def linear_bench(T, IN, OUT, tag):
         torch.manual_seed(0)
         xin = torch.randn(T, IN, device=dev).bfloat16().requires_grad_(True)
@@ -218,14 +231,18 @@ def main():
                     y = mod(xin)
                 y.backward(dy)
             return f
-        ms_bf = bench(step(ref), rep=300)
-        add("linear", f"{tag} bf16 nn.Linear fwd+bwd {T}x{IN}->{OUT}", ms_bf, "TFLOP/s", 6 * T * IN * OUT / ms_bf / 1e9)
+        ms_bf, mg_bf = both_ways(step(ref))
+        add("linear", f"{tag} bf16 nn.Linear fwd+bwd {T}x{IN}->{OUT}", ms_bf, "TFLOP/s", 6 * T * IN * OUT / ms_bf / 1e9,
+            "", f"graph replay {mg_bf:.4f} ms" if mg_bf else "")
         for rname in ("ufp4", "nvfp4", "mxfp4"):
             lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=rname, device=dev)
             fp4.set_backend("triton")
-            ms = bench(step(lin), rep=300)
-            add("linear", f"{tag} FP4Linear {rname} (triton fake quant) fwd+bwd", ms, "x bf16", ms_bf / ms, ">=0.85",
-                "fp4.py as is: Wgrad GEMM in fp32")
+            ms, mg = both_ways(step(lin))
+            add("linear", f"{tag} FP4Linear {rname} (triton fake quant) fwd+bwd, eager", ms, "x bf16", ms_bf / ms,
+                ">=0.85", "fp4.py as is (6 quantize calls, 3 cuBLAS GEMMs)")
+            if mg and mg_bf:
+                add("linear", f"{tag} FP4Linear {rname} fwd+bwd, CUDA graph replay", mg, "x bf16", mg_bf / mg,
+                    ">=0.85", "vs bf16 replayed the same way")
             fp4.set_backend("auto")
         # what the same recipe costs with the Wgrad operands in bf16 (fp32 accumulation in cuBLAS)
         for rname in ("ufp4", "nvfp4"):
@@ -247,9 +264,9 @@ def main():
                 xc = kernels.fake_quant(xin, r.wgrad.fmt, dim=0, rht=rw, dtype=torch.bfloat16)
                 dw = torch.mm(dyc.t(), xc)
                 return y, dx, dw
-            ms = bench(lean, rep=300)
-            add("linear", f"{tag} {rname}: same quantizers, bf16 Wgrad operands (sketch)", ms, "x bf16", ms_bf / ms,
-                ">=0.85", "6 fused quantize calls + 3 cuBLAS bf16 GEMMs")
+            ms, mg = both_ways(lean)
+            add("linear", f"{tag} {rname}: W both orientations in one kernel (sketch), eager", ms, "x bf16",
+                ms_bf / ms, ">=0.85", f"graph replay x bf16 {mg_bf / mg:.3f}" if mg and mg_bf else "")
 
     section("linear", lambda: linear_bench(4096 if args.quick else 16384, 4096, 4096, "16k tok"), 40)
 

@@ -48,8 +48,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AVAILABLE = HAVE_TRITON and torch.cuda.is_available()
 
 _SCALE_ID = {"fp32": 0, "e4m3": 1, "e8m0": 2}
-ROWLOAD = 0  # how row tiles are loaded (see _load_rows); a module setting for benchmarks
-ROW_TILE = None  # (BM, BN, num_warps) for row-wise tiles when N allows; None: _tile's choice
+ROWLOAD = None  # row load mode for explicit 3-tuple tile configs (benchmarks); see _tile
 _FLT_MAX = 3.4028234663852886e38
 
 # -----------------------------------------------------------------------------
@@ -70,10 +69,16 @@ def _bfly(y, T: tl.constexpr, H: tl.constexpr):
 
 
 @triton.jit
-def _rht(x, signs_ptr, R: tl.constexpr, C: tl.constexpr, N: tl.constexpr, INV: tl.constexpr):
-    """x [R, C] fp32 -> x Q on N-chunks along axis 1: signs, Walsh-Hadamard butterfly, * 1/sqrt(N)."""
+def _rht(x, signs_ptr, R: tl.constexpr, C: tl.constexpr, N: tl.constexpr, INV: tl.constexpr,
+         SMASK: tl.constexpr):
+    """x [R, C] fp32 -> x Q on N-chunks along axis 1: signs, Walsh-Hadamard butterfly, * 1/sqrt(N).
+    SMASK >= 0: the signs as bits of a constant (bit j set: s_j = -1), which the compiler folds
+    into the first adds where a thread holds whole chunks; else loaded from signs_ptr."""
     T: tl.constexpr = R * C
-    s = tl.load(signs_ptr + tl.arange(0, N))
+    if SMASK >= 0:
+        s = 1.0 - 2.0 * ((tl.full([N], SMASK, tl.int64) >> tl.arange(0, N).to(tl.int64)) & 1).to(tl.float32)
+    else:
+        s = tl.load(signs_ptr + tl.arange(0, N))
     y = tl.reshape(x, [T // N, N]) * s[None, :]
     y = _bfly(y, T, 1)
     y = _bfly(y, T, 2)
@@ -462,13 +467,13 @@ def _quant_kernel(x_ptr, M, N,
                   R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
                   R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
-                  R_RHT: tl.constexpr, R_INV: tl.constexpr,
+                  R_RHT: tl.constexpr, R_INV: tl.constexpr, R_SMASK: tl.constexpr,
                   DO_COL: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
                   C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
                   C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
                   C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
                   C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
-                  C_RHT: tl.constexpr, C_INV: tl.constexpr):
+                  C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr):
     """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
     [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
     in fp4.py); fake outputs in x's layout. With both sides the second read of the tile comes
@@ -482,7 +487,7 @@ def _quant_kernel(x_ptr, M, N,
     if DO_ROW:
         xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD)
         if R_RHT > 0:
-            xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV)
+            xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
         s_enc = 1.0
         if R_SCALE == 1:
             s_enc = _s_enc(r_amax, r_senc, R_QMAX, pid_m + pid_n + a == 0)
@@ -500,7 +505,7 @@ def _quant_kernel(x_ptr, M, N,
     if DO_COL:
         xc = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G)  # [BN, BM]: blocks along M
         if C_RHT > 0:
-            xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV)
+            xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
         s_enc = 1.0
         if C_SCALE == 1:
             s_enc = _s_enc(c_amax, c_senc, C_QMAX, pid_m + pid_n + a == 0)
@@ -520,7 +525,7 @@ def _quant_kernel(x_ptr, M, N,
 @triton.jit
 def _amax_kernel(x_ptr, part_ptr, M, N, signs_ptr, BM: tl.constexpr, BN: tl.constexpr,
                  COL: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr, INV: tl.constexpr,
-                 ROWLOAD: tl.constexpr):
+                 SMASK: tl.constexpr, ROWLOAD: tl.constexpr):
     """Per-program max |x| (after the RHT along N, or along M when COL); NaN if the tile has NaN."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -529,11 +534,11 @@ def _amax_kernel(x_ptr, part_ptr, M, N, signs_ptr, BM: tl.constexpr, BN: tl.cons
     if COL:
         x = _load_cols(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, G)
         if RHT > 0:
-            x = _rht(x, signs_ptr, BN, BM, RHT, INV)
+            x = _rht(x, signs_ptr, BN, BM, RHT, INV, SMASK)
     else:
         x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, G, ROWLOAD)
         if RHT > 0:
-            x = _rht(x, signs_ptr, BM, BN, RHT, INV)
+            x = _rht(x, signs_ptr, BM, BN, RHT, INV, SMASK)
     m = _amax(_amax(tl.abs(x), 1), 0)  # NaN if the tile has NaN
     # non-negative floats (and +NaN) order like their int32 bits: one atomic max for the tensor
     tl.atomic_max(part_ptr, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
@@ -665,6 +670,14 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
 _SIGNS = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _smask(n):
+    """The RHT signs of size n as bits (bit j set: sign -1), or -1 to load them (n > 32)."""
+    if not n or n > 32:
+        return -1
+    return sum(1 << j for j, v in enumerate(fp4.rht_signs(n).tolist()) if v < 0)
+
+
 def _signs(n, device):
     key = (n, str(device))
     if key not in _SIGNS:
@@ -708,7 +721,7 @@ def _side_meta_cached(fmt, rounding, rht, p):
     m = dict(QMAX=float(grid.qmax), EMAX=int(math.floor(math.log2(grid.qmax))),
              BLOCK=fmt.block, SCALE=_SCALE_ID[fmt.scale], B2D=bool(fmt.block_2d),
              SR=rounding == "sr", RHT=int(rht or 0), INV=float(1.0 / math.sqrt(rht or 1)),
-             G=max(16, fmt.block))
+             G=max(16, fmt.block), SMASK=_smask(rht))
     m.update(_grid_meta(fmt.grid))
     return {p + k: v for k, v in m.items()}
 
@@ -717,7 +730,7 @@ def _off_meta(p):
     return {p + "QMAX": 1.0, p + "EMAX": 0, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
             p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
             p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
-            p + "INV": 1.0, p + "G": 16}
+            p + "INV": 1.0, p + "G": 16, p + "SMASK": -1}
 
 
 def _seed(seed):
@@ -735,12 +748,15 @@ def _pow2_at_least(n, lo):
 
 
 def _tile(M, N, row, col, cfg=None):
-    """Tile [BM, BN] (and warps): BN a multiple of what the row side needs (block, G-group, RHT),
-    BM of what the column side needs; about 32 elements per thread."""
+    """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
+    G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
+    an H200 (results/kernels_h200.md): row tiles one row per warp (8 x 512, joined half-group
+    loads) run at ~0.77 of copy bandwidth, other shapes of that load at 0.36-0.62, plain
+    coalesced loads at ~0.71 for any shape."""
     if cfg:
-        return cfg
-    if row and not col and ROW_TILE and ROW_TILE[1] % row == 0 and N >= ROW_TILE[1]:
-        return ROW_TILE
+        return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
+    if row and not col and N % 512 == 0 and 512 % row == 0:
+        return 8, 512, 4, 0
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N
         BM = max(16, min(4096 // BN, _pow2_at_least(M, 16)))
@@ -749,14 +765,14 @@ def _tile(M, N, row, col, cfg=None):
         BM = max(BM, min(4096 // BN, 64)) if row else BM
     while BM * BN > 8192 and BN > max(row or 16, 16):
         BN //= 2
-    return BM, BN, _num_warps(BM, BN)
+    return BM, BN, _num_warps(BM, BN), 1
 
 
 def _num_warps(BM, BN):
     return max(4, min(8, BM * BN // 1024))
 
 
-def _tensor_amax(x3, fmt, rht, col, BM, BN, nw):
+def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1):
     """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
     an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc)."""
     A, M, N = x3.shape
@@ -765,14 +781,14 @@ def _tensor_amax(x3, fmt, rht, col, BM, BN, nw):
     signs = _signs(rht, x3.device) if rht else out
     _launch(_amax_kernel, grid, (x3, out, M, N, signs),
             dict(BM=BM, BN=BN, COL=bool(col), G=max(16, fmt.block), RHT=int(rht or 0),
-                 INV=float(1.0 / math.sqrt(rht or 1)), ROWLOAD=ROWLOAD, num_warps=nw,
+                 INV=float(1.0 / math.sqrt(rht or 1)), SMASK=_smask(rht), ROWLOAD=mode, num_warps=nw,
                  enable_fp_fusion=False))
     return out
 
 
-def _tensor_scale(x3, fmt, rht, col, BM, BN, nw):
+def _tensor_scale(x3, fmt, rht, col, BM, BN, nw, mode=1):
     """s_enc as a 0-dim tensor (the reference formula on the kernel's amax)."""
-    amax = _tensor_amax(x3, fmt, rht, col, BM, BN, nw).view(torch.float32)[0]
+    amax = _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode).view(torch.float32)[0]
     return fp4.tensor_scale_for(amax, fmt)
 
 
@@ -822,8 +838,8 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
     """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
     A, M, N = x3.shape
     dev = x3.device
-    BM, BN, nw = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
-                       col and math.lcm(_need(col.fmt, col.rht), 16), cfg)
+    BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
+                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg)
     if row and row.fmt.block_2d:
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:
@@ -854,7 +870,7 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
         if fmt.scale == "e4m3":
             key = (side.rht if side.rht else 0, col_side if side.rht else None)
             if key not in senc_cache:
-                senc_cache[key] = _tensor_amax(x3, fmt, side.rht, col_side, BM, BN, nw)
+                senc_cache[key] = _tensor_amax(x3, fmt, side.rht, col_side, BM, BN, nw, mode)
             amax = senc_cache[key]
             side.s_enc = torch.empty((), device=dev, dtype=torch.float32)
         args += [side.fake if fake else dummy, side.codes if packed else dummy,
@@ -865,7 +881,7 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
         meta["DO_ROW" if p == "R_" else "DO_COL"] = True
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
     if M * N * A:
-        meta.update(BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed), ROWLOAD=ROWLOAD,
+        meta.update(BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed), ROWLOAD=mode,
                     num_warps=nw, enable_fp_fusion=False)
         _launch(_quant_kernel, grid, (x3, M, N, *args), meta)
     for side in (row, col):
