@@ -747,7 +747,7 @@ def _pow2_at_least(n, lo):
     return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-def _tile(M, N, row, col, cfg=None):
+def _tile(M, N, row, col, cfg=None, esize=2):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
     an H200 (results/kernels_h200.md): row tiles one row per warp (8 x 512, joined half-group
@@ -755,8 +755,8 @@ def _tile(M, N, row, col, cfg=None):
     coalesced loads at ~0.71 for any shape."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
-    if row and not col and N % 512 == 0 and 512 % row == 0:
-        return 8, 512, 4, 0
+    if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
+        return 8, 512, 4, 0  # (verified on 16-bit inputs; fp32 inputs take the plain load)
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N
         BM = max(16, min(4096 // BN, _pow2_at_least(M, 16)))
@@ -839,7 +839,7 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
     A, M, N = x3.shape
     dev = x3.device
     BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
-                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg)
+                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size())
     if row and row.fmt.block_2d:
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:

@@ -271,6 +271,33 @@ def main():
             print(f"      gemm {name}: rel vs same-operand mm {rel:.1e}, vs fake quant + mm {rel2:.1e}")
     check("fp4_matmul vs mm of the same operands / fake quant + mm", gemm)
 
+    def fp32_activations():  # what FP4Linear feeds: fp32 x (master copy) -> bf16 fake quant
+        x = randn(16384, 4096, seed=15, dtype=torch.float32) * 0.01
+        for name in ("nvfp4", "ufp4", "mxfp4"):
+            check_quant(x, fmt_of(name), 1, None)
+            check_quant(x, fmt_of(name), 0, 16, packed=False)
+    check("fp32 inputs (16384x4096), row and column", fp32_activations)
+
+    def diagnose_rowload():  # prints only: the row load modes on fp32 / bf16 inputs
+        for dt in (torch.float32, torch.bfloat16):
+            x = randn(16384, 4096, seed=15, dtype=dt) * 0.01
+            r = ref(fp4.quantize, x, "nvfp4")
+            for mode in (0, 1):
+                for fast in (True, False):
+                    kernels._FAST.clear()
+                    saved = kernels.INTERPRET
+                    kernels.INTERPRET = not fast  # the plain Triton launch path
+                    try:
+                        q = kernels.quantize(x, "nvfp4", _cfg=(8, 512, 4, mode))
+                    finally:
+                        kernels.INTERPRET = saved
+                    amax = kernels._tensor_amax(x.view(1, *x.shape), fp4.FORMATS["nvfp4"], None, False, 8, 512, 4, mode)
+                    print(f"      diag {dt} mode {mode} fast {fast}: codes equal {torch.equal(q.codes, r.codes)}, "
+                          f"s_enc {q.tensor_scale.item():.6g} vs {r.tensor_scale.item():.6g}, amax "
+                          f"{amax.view(torch.float32).item():.6g} vs {x.abs().amax().item():.6g}, "
+                          f"zero scales {(q.scales == 0).float().mean().item():.3f}")
+    check("diagnose row load modes (prints)", diagnose_rowload)
+
     def linear(recipe_name, sr):
         T, IN, OUT = (4096, 2048, 2048) if args.quick else (16384, 4096, 4096)
         recipe = fp4.make_recipe(recipe_name, sr_dy=sr)
