@@ -750,9 +750,11 @@ def _pow2_at_least(n, lo):
 def _tile(M, N, row, col, cfg=None, esize=2):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
-    an H200 (results/kernels_h200.md): row tiles one row per warp (8 x 512, joined half-group
-    loads) run at ~0.77 of copy bandwidth, other shapes of that load at 0.36-0.62, plain
-    coalesced loads at ~0.71 for any shape."""
+    an H200 (results/kernels_h200.md): row tiles of one row per warp (8 x 512, joined half-group
+    loads, mode 0) run at 0.75-0.83 of copy bandwidth, other shapes of that load at 0.34-0.62,
+    plain coalesced loads (mode 1) at 0.65-0.79. Mode 0 on fp32 inputs with 8 x 512 tiles gave
+    wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in the interpreter),
+    so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at 16384 x 4096."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
