@@ -139,10 +139,13 @@ def round_e4m3(x):
 
 def block_scales(amax, grid, scale_kind, tensor_scale=None):
     """Per-block decode scale from the block amax (fp32). Returns the stored scale, in fp32."""
+    # divide by a tensor, not a Python number: CUDA divides by a scalar as a multiply by its
+    # reciprocal, which would make the GPU reference differ from the CPU one in the last bit
+    qmax = torch.full_like(amax, grid.qmax)
     if scale_kind == "fp32":
-        return amax / grid.qmax
+        return amax / qmax
     if scale_kind == "e4m3":  # NVFP4: e4m3(amax_b / qmax * s_enc)
-        return round_e4m3(amax / grid.qmax * tensor_scale)
+        return round_e4m3(amax / qmax * tensor_scale)
     if scale_kind == "e8m0":  # OCP MX: 2^(floor(log2 amax) - emax_elem), exact via frexp
         emax_elem = math.floor(math.log2(grid.qmax))
         _, e = torch.frexp(amax)                      # amax = m * 2^e, m in [0.5, 1)
