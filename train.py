@@ -412,6 +412,7 @@ def main(argv=None):
     ctx = contextlib.nullcontext() if c.dtype == "float32" else \
         torch.autocast(device_type, dtype=torch.bfloat16)
     tokens_per_iter = c.gradient_accumulation_steps * c.batch_size * c.block_size
+    logf = wandb = None
     log = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
 
     try:
@@ -545,11 +546,9 @@ def main(argv=None):
                     loader=[g["loader"] for g in gathered]), ckpt_path)
                 log(f"saved checkpoint {ckpt_path} at iter {iter_num}")
 
-        logf = None
         if master and not c.dry_run:
             os.makedirs(c.out_dir, exist_ok=True)
             logf = open(os.path.join(c.out_dir, "log.jsonl"), "a")
-        wandb = None
         if c.wandb_log and master and not c.dry_run:
             import wandb
             wandb.init(project=c.wandb_project, name=c.wandb_run_name or None, config=cfg,
@@ -661,6 +660,10 @@ def main(argv=None):
             log("sample:\n" + decoder(meta)(out[0].tolist()))
         return last.get("loss")
     finally:
+        if logf:
+            logf.close()
+        if wandb:
+            wandb.finish()
         if ddp:
             dist.destroy_process_group()
 
