@@ -1,7 +1,6 @@
 # The CPU-sized dense GPT shared by configs/gpt_<recipe>.py (each of those only sets `recipe`).
 # 4 layers, d=128, SwiGLU MLP (the MoE's active size), context 128, on character-level Shakespeare.
-# Sized so that `python train.py configs/gpt_ufp4.py` (fp4's torch reference path) finishes in
-# about 7 minutes on 2 quiet CPU cores (measured: see the README), well under 3 on one H200.
+# The same budget as configs/_moe_small.py (the MoE flagship), for dense-vs-MoE comparisons.
 out_dir = "out/gpt_small_{recipe}"
 dataset = "shakespeare_char"
 batch_size = 16

@@ -287,3 +287,11 @@ def test_nonfinite_stop_keeps_last_good_checkpoint(ds, tmp_path, policy, nan_ite
     # and training continues from it
     run(ds, tmp_path, max_iters=8, eval_interval=6, init_from="resume")
     assert read_log(str(tmp_path))[-1]["iter"] == 7
+
+@pytest.mark.parametrize("mode", ["disabled", "offline"])
+def test_wandb_never_online_by_default(ds, tmp_path, mode):
+    pytest.importorskip("wandb")
+    assert train.DEFAULTS["wandb_log"] is False and train.DEFAULTS["wandb_mode"] == "offline"
+    run(ds, tmp_path, max_iters=2, wandb_log=True, wandb_mode=mode)
+    runs = list((tmp_path / "wandb").glob("offline-run-*")) if (tmp_path / "wandb").exists() else []
+    assert len(runs) == (mode == "offline")
