@@ -582,7 +582,8 @@ def main(argv=None):
         t0, dt_avg, bad_in_row, last = time.time(), None, 0, {}
         t_start = t0
         while iter_num < c.max_iters:
-            if iter_num % c.eval_interval == 0 and (iter_num > start_iter or c.init_from == "scratch"):
+            if iter_num % c.eval_interval == 0 and not c.dry_run and (
+                    iter_num > start_iter or c.init_from == "scratch"):
                 do_eval(iter_num)
                 t0 = time.time()   # step timings leave the eval out
             lr = get_lr(iter_num, c)
