@@ -385,26 +385,22 @@ def main(argv=None):
     cfg["out_dir"] = cfg["out_dir"].format(**cfg)
     c = SimpleNamespace(**cfg)
     fp4.set_backend(c.backend)
-    torch.set_flush_denormal(True)  # CPU: denormal floats (tiny grads, decayed weights) are ~100x slower
 
     # processes and devices
     ddp = int(os.environ.get("RANK", -1)) != -1
-    if c.device == "auto":
-        c.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if ddp:
-        import torch.distributed as dist
-        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-        world = int(os.environ["WORLD_SIZE"])
-        if c.device.startswith("cuda"):
-            c.device = f"cuda:{local_rank}"
-            torch.cuda.set_device(c.device)
-        dist.init_process_group("nccl" if c.device.startswith("cuda") else "gloo")
-    else:
-        rank, world = 0, 1
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
     master = rank == 0
     if c.gradient_accumulation_steps % world:
         raise ConfigError(f"gradient_accumulation_steps={c.gradient_accumulation_steps} must be a "
                           f"multiple of the number of processes ({world})")
+    if c.device == "auto":
+        c.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if ddp:   # torchrun: NCCL between GPUs, gloo between CPU processes
+        import torch.distributed as dist
+        if c.device.startswith("cuda"):
+            c.device = f"cuda:{os.environ['LOCAL_RANK']}"
+            torch.cuda.set_device(c.device)
+        dist.init_process_group("nccl" if c.device.startswith("cuda") else "gloo")
     accum = c.gradient_accumulation_steps // world
     device_type = "cuda" if c.device.startswith("cuda") else "cpu"
     if c.dtype == "auto":
@@ -416,6 +412,7 @@ def main(argv=None):
     log = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
 
     try:
+        torch.set_flush_denormal(True)  # CPU: ops on denormal floats (tiny grads) are ~100x slower
         # data: prepared on first use; vocab_size from its meta
         data_path = os.path.join(c.data_dir, c.dataset)
         if not all(os.path.exists(os.path.join(data_path, f))
@@ -651,6 +648,8 @@ def main(argv=None):
                     f"ETA {fmt_time((c.max_iters - iter_num) * step)}")
         if iter_num > start_iter:
             do_eval(iter_num)
+        else:
+            log(f"nothing to train: at iter {iter_num}, max_iters={c.max_iters}")
         if c.final_sample_tokens and master:
             from sample import decoder
             first = meta["stoi"].get("\n", 0) if meta["tokenizer"] == "char" else meta.get("eot_token", 0)
@@ -667,6 +666,7 @@ def main(argv=None):
             wandb.finish()
         if ddp:
             dist.destroy_process_group()
+        torch.set_flush_denormal(False)  # torch's default: leave the process as we found it
 
 if __name__ == "__main__":
     try:
