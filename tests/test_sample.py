@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from train_helpers import MOE, ROOT, make_char_dataset, tiny_args
+from train_helpers import MOE, ROOT, keep_global_rng, make_char_dataset, tiny_args  # noqa: F401
 
 import sample  # noqa: E402
 import train  # noqa: E402

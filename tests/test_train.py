@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from train_helpers import MOE, ROOT, GlobalBatchLoader, make_char_dataset, read_log, tiny_args
+from train_helpers import (MOE, ROOT, GlobalBatchLoader, keep_global_rng,  # noqa: F401 (autouse)
+                           make_char_dataset, read_log, tiny_args)
 
 import train  # noqa: E402  (train_helpers puts the repo root on sys.path)
 

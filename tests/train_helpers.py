@@ -6,6 +6,8 @@ import random
 import sys
 
 import numpy as np
+import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -49,6 +51,15 @@ def tiny_args(data_folder, out_dir, **overrides):
     return [f"--{k}={v}" for k, v in args.items()]
 
 MOE = dict(n_expert=4, top_k=2)
+
+@pytest.fixture(autouse=True, scope="module")
+def keep_global_rng():
+    """train.main seeds the global RNGs, as a script should: give other test modules theirs back."""
+    state = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    yield
+    torch.set_rng_state(state[0])
+    np.random.set_state(state[1])
+    random.setstate(state[2])
 
 def read_log(out_dir, kind="train"):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
