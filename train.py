@@ -263,10 +263,14 @@ def set_rng_state(s):
     if s["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
 
+def prev_path(path):
+    root, ext = os.path.splitext(path)
+    return root + "_prev" + ext
+
 def save_checkpoint(ckpt, path):
     """Write to a temp file, fsync, keep the old file as *_prev.pt, then rename into place:
     a crash at any moment leaves `path` either the old or the new complete checkpoint."""
-    tmp, prev = path + ".tmp", path.replace(".pt", "") + "_prev.pt"
+    tmp, prev = path + ".tmp", prev_path(path)
     with open(tmp, "wb") as f:
         torch.save(ckpt, f)
         f.flush()
@@ -290,17 +294,16 @@ CKPT_KEYS = ("model", "optimizer", "iter_num", "best_val_loss", "config", "model
 
 def load_checkpoint(path, map_location="cpu"):
     """torch.load with errors that name the file and say what is wrong."""
+    prev = prev_path(path)
     if not os.path.exists(path):
-        prev = path.replace(".pt", "") + "_prev.pt"
-        if os.path.exists(prev):
+        if os.path.exists(prev):   # a crash between the two renames of save_checkpoint
             print(f"warning: {path} is missing; using the previous checkpoint {prev}")
-            return load_checkpoint(prev, map_location), prev
+            return load_checkpoint(prev, map_location)
         raise CheckpointError(f"no checkpoint at {path}; train with --init_from=scratch first")
     try:
         # our own files: they hold numpy/python RNG states, hence weights_only=False
         ckpt = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:
-        prev = path.replace(".pt", "") + "_prev.pt"
         hint = f"; the previous checkpoint {prev} may be good: --resume_from={prev}" \
             if os.path.exists(prev) and prev != path else ""
         raise CheckpointError(f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): "
@@ -311,11 +314,12 @@ def load_checkpoint(path, map_location="cpu"):
     return ckpt, path
 
 def check_compatible(ckpt, path, margs):
-    """A checkpoint resumes only into the same model shape."""
+    """A checkpoint resumes only into the same model (regularization weights may change)."""
     theirs, ours = ckpt["model_args"], dataclasses.asdict(margs)
+    free = ("dropout", "aux_loss_weight", "z_loss_weight", "router_bias_rate")
     diff = [f"{k}: {theirs.get(k)!r} in the checkpoint, {ours.get(k)!r} now"
             for k in sorted(set(theirs) | set(ours))
-            if k != "dropout" and theirs.get(k) != ours.get(k)]
+            if k not in free and theirs.get(k) != ours.get(k)]
     if diff:
         raise CheckpointError(f"{path} was written for a different model ({'; '.join(diff)}): "
                               f"resume with the config it was trained with, or start from scratch")

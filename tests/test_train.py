@@ -236,6 +236,12 @@ def test_incompatible_checkpoint_is_a_clear_error(ds, trained, tmp_path):
     with pytest.raises(train.CheckpointError, match="no checkpoint at"):
         run(ds, tmp_path / "nothing", init_from="resume")
 
+def test_missing_checkpoint_falls_back_to_the_previous_one(ds, trained, tmp_path):
+    import shutil
+    shutil.copy(trained / "ckpt_prev.pt", tmp_path / "ckpt_prev.pt")   # as after a crash between
+    run(ds, tmp_path, init_from="resume", max_iters=3, eval_interval=100)  # the two renames
+    assert [r["iter"] for r in read_log(str(tmp_path))] == [2]
+
 def test_failed_save_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
     train.save_checkpoint({"v": 1}, path)
