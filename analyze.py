@@ -112,7 +112,9 @@ def load_model(ckpt_path, device="cpu"):
     model.load_state_dict(ckpt["model"])
     model.to(device).eval()
     cfg = ckpt["config"]
-    path = data.prepare_dataset(cfg["dataset"], cfg.get("data_dir", "data"))
+    path = os.path.join(cfg.get("data_dir", "data"), cfg["dataset"])
+    if not os.path.exists(os.path.join(path, "val.bin")):  # a named dataset not prepared here yet
+        path = data.prepare_dataset(cfg["dataset"], cfg.get("data_dir", "data"))
     loader = BinLoader(path, "val", model.config.block_size, cfg["batch_size"], seed=0, device=device)
     return model, loader
 

@@ -432,7 +432,10 @@ def _pad_rows(t, multiple):
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
     if a.dtype == torch.bfloat16 and a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32)
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # torch without mm(out_dtype=)
+            pass
     return a.float() @ b.float()
 
 def _wgrad_block(recipe):
@@ -509,8 +512,8 @@ def _grouped_mm(a, b, offs, out_dtype=None):
     [E, M, K]. CUDA's kernel is bf16-only: other dtypes loop over the groups."""
     if not a.is_cuda:
         return torch._grouped_mm(a, b, offs=offs).to(out_dtype or a.dtype)
-    if a.dtype == torch.bfloat16:
-        return torch._grouped_mm(a, b, offs=offs, out_dtype=out_dtype)
+    if a.dtype == torch.bfloat16:  # accumulates in fp32 but (torch 2.11) writes bf16 out
+        return torch._grouped_mm(a, b, offs=offs).to(out_dtype or a.dtype)
     ends = offs.tolist()
     starts = [0] + ends[:-1]
     if b.dim() == 3:
