@@ -79,6 +79,8 @@ def run_all(config, arms, seeds, out, extra, parallel, gpus):
             d = run_dir(out, arm, seed)
             os.makedirs(d, exist_ok=True)
             env = dict(os.environ)
+            if parallel > 1 and not gpus:
+                env.setdefault("OMP_NUM_THREADS", "1")  # CPU runs side by side: one thread each
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
                 slot += 1

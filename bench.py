@@ -1,0 +1,90 @@
+"""
+bench.py: training throughput and memory of several recipes on one config, in one run.
+
+    python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4,e2m1,nvfp4,mxfp4
+    python bench.py configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4 --iters=20 --compile=True
+
+Each recipe is a real `train.main` run (no second trainer) with the same model, batch and seed:
+`--warmup` steps, then `--iters` timed steps, no eval until the end. Step time is the median of
+the timed steps' `dt_ms` from log.jsonl; peak memory is torch.cuda.max_memory_allocated over the
+run. Extra --key=value arguments go to train.py. Writes OUT/bench.json and OUT/bench.md, with the
+command, date, device and library versions, and ratios to the first recipe.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+import train
+
+
+def bench_one(config, recipe, warmup, iters, out_dir, extra):
+    args = [config, f"--recipe={recipe}", f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
+            "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--warmup_iters=1",
+            "--always_save_checkpoint=False", "--final_sample_tokens=0"] + list(extra)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    if os.path.exists(os.path.join(out_dir, "log.jsonl")):
+        os.remove(os.path.join(out_dir, "log.jsonl"))
+    train.main(args)
+    recs = [json.loads(l) for l in open(os.path.join(out_dir, "log.jsonl"))]
+    steps = [r for r in recs if r.get("type") == "train" and r["iter"] >= warmup]
+    dt = statistics.median(r["dt_ms"] for r in steps)
+    cfg = train.get_config(args)
+    tokens = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
+    mfus = [r["mfu"] for r in steps]
+    return dict(recipe=recipe, step_ms=dt, tok_per_s=tokens / dt * 1000, tokens_per_iter=tokens,
+                mfu=statistics.median(mfus),
+                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+                loss_last=steps[-1]["loss"])
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config")
+    p.add_argument("--recipes", default="bf16,ufp4,e2m1,nvfp4,mxfp4")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--out", default="out/bench")
+    args, extra = p.parse_known_args(argv)
+    recipes = args.recipes.split(",")
+    rows = []
+    for r in recipes:
+        print(f"--- {r}", flush=True)
+        rows.append(bench_one(args.config, r, args.warmup, args.iters, os.path.join(args.out, r), extra))
+    base = rows[0]
+    for row in rows:
+        row["speed_vs_first"] = row["tok_per_s"] / base["tok_per_s"]
+        if base["peak_mem_gib"]:
+            row["mem_vs_first"] = row["peak_mem_gib"] / base["peak_mem_gib"]
+    import triton
+    env = dict(command="python bench.py " + " ".join(argv),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+               torch=torch.__version__, triton=triton.__version__)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(dict(env=env, rows=rows), f, indent=1)
+    lines = [f"`{env['command']}` on {env['date']}, {env['device']}, torch {env['torch']}, "
+             f"triton {env['triton']}", "",
+             f"| recipe | step ms | tokens/s | vs {base['recipe']} | MFU | peak GiB | mem vs {base['recipe']} |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] else "-"
+        rel = f"{r['mem_vs_first']:.2f}" if r.get("mem_vs_first") else "-"
+        lines.append(f"| {r['recipe']} | {r['step_ms']:.1f} | {r['tok_per_s']:,.0f} | "
+                     f"{r['speed_vs_first']:.3f} | {100 * r['mfu']:.1f} % | {mem} | {rel} |")
+    text = "\n".join(lines)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
