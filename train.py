@@ -9,7 +9,9 @@ train.py: train a GPT or MoE with a 4-bit (FP4) recipe, on one CPU/GPU or severa
 Config: the defaults below, then config files (plain Python that assigns some of these names),
 then --key=value (checked against the default's type). Outputs in out_dir: ckpt.pt (written
 atomically; the one before is kept as ckpt_prev.pt) and log.jsonl (one JSON record per logged
-step and per eval).
+step and per eval), both by rank 0 alone. A checkpoint resumes on any number of processes; on
+the same number it continues every rank's data and RNG streams exactly, on another number the
+data order changes (ranks that existed continue theirs, new ranks start new ones).
 
 Tokens per micro-step (batch_size * block_size) need not be a multiple of the FP4 Wgrad block
 (16 or 32): fp4.py pads the token dimension with zero rows, which add nothing to dW.
@@ -18,6 +20,7 @@ import ast
 import builtins
 import contextlib
 import dataclasses
+import datetime
 import difflib
 import json
 import math
@@ -113,6 +116,9 @@ telemetry_interval = 0       # every N iters log FP4 weight attenuation/SQNR; 0 
 final_sample_tokens = 0      # print a sample of this many tokens at the end
 debug_nan_at_iter = -1       # test hook: make the loss NaN at this iteration...
 debug_nan_iters = 1          # ... and the next ones, this many in all
+debug_fail_rank = -1         # test hook: raise an exception on this rank...
+debug_fail_at_iter = -1      # ... at this iteration
+dist_timeout_s = 600         # DDP: a collective waiting longer than this fails instead of hanging
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))}
@@ -404,7 +410,8 @@ def main(argv=None):
         if c.device.startswith("cuda"):
             c.device = f"cuda:{os.environ['LOCAL_RANK']}"
             torch.cuda.set_device(c.device)
-        dist.init_process_group("nccl" if c.device.startswith("cuda") else "gloo")
+        dist.init_process_group("nccl" if c.device.startswith("cuda") else "gloo",
+                                timeout=datetime.timedelta(seconds=c.dist_timeout_s))
     accum = c.gradient_accumulation_steps // world
     device_type = "cuda" if c.device.startswith("cuda") else "cpu"
     if c.dtype == "auto":
@@ -478,12 +485,19 @@ def main(argv=None):
             if ckpt["recipe"] != recipe.name:
                 log(f"note: {src} was trained with recipe {ckpt['recipe']!r}, continuing with "
                     f"{recipe.name!r}")
-            if ckpt.get("world_size") == world:
+            old_world = ckpt.get("world_size", len(ckpt.get("rng", [])))
+            if rank < old_world:   # this rank's streams continue where they were
                 train_loader.load_state_dict(ckpt["loader"][rank])
                 set_rng_state(ckpt["rng"][rank])
-            else:
-                log(f"warning: {src} was written by {ckpt.get('world_size')} processes, now "
-                    f"{world}: data order and RNG streams restart from the seed")
+            elif old_world:   # a new rank: rank 0's host RNGs, fresh torch and data streams
+                set_rng_state(ckpt["rng"][0])
+                torch.manual_seed(int(np.random.SeedSequence([c.seed, rank, iter_num])
+                                      .generate_state(1)[0]))
+            if old_world != world:
+                log(f"note: {src} was written by {old_world} process(es), now {world}: ranks "
+                    f"below {min(old_world, world)} continue their data/RNG streams, the others "
+                    f"start new ones, so the data order differs from an uninterrupted "
+                    f"{old_world}-process run")
             log(f"resumed from {src} at iter {iter_num} (best val loss {best_val_loss:.4f})")
             del ckpt
             if master:
@@ -596,6 +610,8 @@ def main(argv=None):
                 if ddp:
                     model.require_backward_grad_sync = micro == accum - 1
                 x, y = train_loader.next_batch()
+                if rank == c.debug_fail_rank and iter_num == c.debug_fail_at_iter:
+                    raise RuntimeError(f"debug_fail_at_iter: rank {rank} fails at iter {iter_num}")
                 with ctx:
                     _, loss = model(x, y)
                 if c.debug_nan_at_iter <= iter_num < c.debug_nan_at_iter + c.debug_nan_iters:

@@ -1,8 +1,12 @@
 """train.py: config parsing, learning, bit-identical resume, DDP, checkpoints, non-finite steps.
 Tiny models on a tiny char dataset written into tmp_path; the whole file runs in a few minutes
 on 2 CPU cores."""
+import contextlib
+import json
 import math
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -138,7 +142,6 @@ def test_validation_errors(ds, tmp_path):
     with pytest.raises(train.ConfigError, match="smaller than the dataset"):
         run(ds, tmp_path, vocab_size=5, max_iters=1)
     bad = make_char_dataset(str(tmp_path / "bad"))
-    import json
     meta = json.load(open(os.path.join(bad, "meta.json")))
     meta["vocab_size"] = 3
     json.dump(meta, open(os.path.join(bad, "meta.json"), "w"))
@@ -173,24 +176,49 @@ def _free_port():
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
-    """2 gloo processes with batch B each == 1 process with batch 2B (same windows, see
-    GlobalBatchLoader). MoE with the sigmoid router: the router-bias update is all-reduced too.
-    (The aux loss is per-rank by design, so it is off here.)"""
-    kw = dict(max_iters=8, eval_interval=4, router="sigmoid", aux_loss_weight=0.0,
-              router_bias_rate=0.01, **MOE)
-    monkeypatch.setattr("data.loader.BinLoader", GlobalBatchLoader)
-    run(ds, tmp_path / "one", batch_size=8, **kw)
+def _launch_ddp(ds, out, **kw):
+    """2 gloo processes (tests/train_helpers.py: GlobalBatchLoader) in one new process group,
+    rank 0 its leader, so that os.killpg(procs[0].pid, ...) ends the whole job."""
     port, procs = _free_port(), []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        group = procs[0].pid if procs else 0   # 0: a new group, led by rank 0
         procs.append(subprocess.Popen(
-            [PY, os.path.join(ROOT, "tests", "train_helpers.py")] +
-            tiny_args(ds, str(tmp_path / "two"), batch_size=4, gradient_accumulation_steps=2, **kw),
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
+            [PY, os.path.join(ROOT, "tests", "train_helpers.py")] + tiny_args(ds, str(out), **kw),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=group))
+    return procs
+
+def _kill_ddp(procs):
+    """kill -9 of the job's process group (gone already when every process has exited)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(procs[0].pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+
+def _wait_ddp(procs, timeout=300):
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        _kill_ddp(procs)
+        raise
     assert all(p.returncode == 0 for p in procs), outs
+    return outs
+
+DDP_KW = dict(router="sigmoid", aux_loss_weight=0.0, router_bias_rate=0.01, **MOE)
+
+def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
+    """2 gloo processes with batch B each == 1 process with batch 2B (same windows, see
+    GlobalBatchLoader). MoE with the sigmoid router: the router-bias update is all-reduced too.
+    (The aux loss is per-rank by design, so it is off here.)"""
+    kw = dict(max_iters=8, eval_interval=4, **DDP_KW)
+    monkeypatch.setattr("data.loader.BinLoader", GlobalBatchLoader)
+    run(ds, tmp_path / "one", batch_size=8, **kw)
+    outs = _wait_ddp(_launch_ddp(ds, tmp_path / "two", batch_size=4, gradient_accumulation_steps=2,
+                                 **kw))
+    # rank 0 alone writes and prints: one log, one checkpoint (and its predecessor)
+    assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt", "ckpt_prev.pt", "log.jsonl"]
+    assert "iter 0" in outs[0] and outs[1].strip() == "", outs[1]
     a, b = read_log(str(tmp_path / "one")), read_log(str(tmp_path / "two"))
     assert len(a) == len(b) == 8
     for ra, rb in zip(a, b):
@@ -203,6 +231,65 @@ def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
     for k in ca["model"]:
         torch.testing.assert_close(ca["model"][k], cb["model"][k], atol=1e-5, rtol=1e-4)
     assert torch.equal(ca["model"]["blocks.0.mlp.router_bias"], cb["model"]["blocks.0.mlp.router_bias"])
+
+def _logged_after(out, k):
+    try:   # the log is being written: its last line may be cut
+        return any(r["iter"] > k for r in read_log(str(out)))
+    except json.JSONDecodeError:
+        return False
+
+def test_ddp_kill_9_resumes_on_two_and_on_one_process(ds, tmp_path, monkeypatch, capsys):
+    """kill -9 of a whole 2-process job after a checkpoint; resuming on 2 processes and on 1
+    (batch 2B, GlobalBatchLoader: same windows) gives the losses of an uninterrupted run."""
+    kw = dict(batch_size=4, gradient_accumulation_steps=2, eval_interval=3, eval_iters=1,
+              lr_decay_iters=40, **DDP_KW)
+    killed = tmp_path / "killed"
+    procs = _launch_ddp(ds, killed, max_iters=100000, **kw)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (killed / "ckpt.pt").exists():
+            time.sleep(0.02)
+        k = train.load_checkpoint(str(killed / "ckpt.pt"))[0]["iter_num"]
+        while time.time() < deadline and not _logged_after(killed, k):
+            time.sleep(0.02)   # the kill lands after the checkpoint, in a later iteration
+    finally:
+        _kill_ddp(procs)
+    assert all(p.returncode == -signal.SIGKILL for p in procs)
+    n = train.load_checkpoint(str(killed / "ckpt.pt"))[0]["iter_num"] + 3
+    for name in ("two", "one"):
+        shutil.copytree(killed, tmp_path / name)
+    ref = tmp_path / "ref"
+    _wait_ddp(_launch_ddp(ds, ref, max_iters=n, **kw))
+    _wait_ddp(_launch_ddp(ds, tmp_path / "two", max_iters=n, init_from="resume", **kw))
+    monkeypatch.setattr("data.loader.BinLoader", GlobalBatchLoader)
+    run(ds, tmp_path / "one", max_iters=n, init_from="resume",
+        **{**kw, "batch_size": 8, "gradient_accumulation_steps": 1})
+    assert "written by 2 process(es), now 1" in capsys.readouterr().out
+    want = [r["loss"] for r in read_log(str(ref))]
+    assert len(want) == n
+    for name in ("two", "one"):
+        got = read_log(str(tmp_path / name))
+        assert [r["iter"] for r in got] == list(range(n)), name
+        assert max(abs(a - r["loss"]) for a, r in zip(want, got)) < 1e-5, (name, want, got)
+        ca = torch.load(ref / "ckpt.pt", weights_only=False)["model"]
+        cb = torch.load(tmp_path / name / "ckpt.pt", weights_only=False)["model"]
+        for key in ca:
+            torch.testing.assert_close(ca[key], cb[key], atol=1e-5, rtol=1e-4)
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_ddp_failing_rank_ends_the_job_with_its_error(ds, tmp_path, fail_rank):
+    """An exception on one rank: both processes exit non-zero promptly (the other one does not
+    wait forever in an all-reduce), and the failing rank's error is in the output."""
+    t = time.time()
+    procs = _launch_ddp(ds, tmp_path, max_iters=50, debug_fail_rank=fail_rank,
+                        debug_fail_at_iter=3, gradient_accumulation_steps=2, dist_timeout_s=60)
+    try:
+        outs = [p.communicate(timeout=90)[0] for p in procs]
+    finally:
+        _kill_ddp(procs)
+    assert time.time() - t < 90
+    assert all(p.returncode != 0 for p in procs), outs
+    assert f"RuntimeError: debug_fail_at_iter: rank {fail_rank} fails at iter 3" in outs[fail_rank]
 
 # -----------------------------------------------------------------------------
 # checkpoints and non-finite steps
