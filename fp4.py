@@ -21,6 +21,7 @@ Conventions used everywhere:
     never turned into finite numbers (for e4m3 scales a non-finite tensor amax makes the whole
     tensor NaN). An all-zero block gets scale 0 and dequantizes to zeros.
 """
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
 
@@ -414,15 +415,19 @@ def _use_triton(x):
         return False
     return getattr(kernels, "AVAILABLE", False) or BACKEND == "triton"
 
-def _operand(t, gemm, recipe, dim, sr, seed, weight=False, dtype=torch.float32):
-    """One GEMM operand as the GEMM sees it: fake-quantized along its reduction dim, or as is."""
+def _operand(t, gemm, recipe, dim, sr, seed, weight=False, dtype=torch.float32, probe=None):
+    """One GEMM operand as the GEMM sees it: fake-quantized along its reduction dim, or as is.
+    probe: (layer tag, operand name) under which probe_alphas() records this operand."""
     if not gemm.fmt:
         return t.to(dtype)
     fmt = get_format(gemm.fmt)
     if weight and recipe.weight_2d:
         fmt = replace(fmt, block_2d=True)
-    return fake_quant(t, fmt, dim=dim, rounding="sr" if sr else "rtne",
-                      rht=recipe.rht_size if gemm.rht else None, seed=seed, dtype=dtype)
+    rht = recipe.rht_size if gemm.rht else None
+    q = fake_quant(t, fmt, dim=dim, rounding="sr" if sr else "rtne", rht=rht, seed=seed, dtype=dtype)
+    if PROBE is not None and probe is not None:
+        _record_probe(probe, rht_transform(t, rht, dim) if rht else t, q)
+    return q
 
 def _pad_rows(t, multiple):
     """Zero rows appended to reach a multiple of the block: they add nothing to dW = dy^T x."""
@@ -447,32 +452,36 @@ class FP4LinearFunction(torch.autograd.Function):
     x: [T, in] (2D), W: [out, in]. GEMM math in `dtype` (fp32 on CPU, bf16 under autocast)."""
 
     @staticmethod
-    def forward(ctx, x, weight, recipe, seed, dtype):
+    def forward(ctx, x, weight, recipe, seed, dtype, tag=""):
         f = recipe.fprop
-        xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype)
-        wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype)
+        xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype, probe=(tag, "fprop_x"))
+        wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype,
+                      probe=(tag, "fprop_w"))
         ctx.save_for_backward(x, weight)
-        ctx.recipe, ctx.seed, ctx.dtype = recipe, seed, dtype
+        ctx.recipe, ctx.seed, ctx.dtype, ctx.tag = recipe, seed, dtype, tag
         return xq @ wq.t()
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        recipe, seed, dtype = ctx.recipe, ctx.seed, ctx.dtype
+        recipe, seed, dtype, tag = ctx.recipe, ctx.seed, ctx.dtype, ctx.tag
         dx = dw = None
         if ctx.needs_input_grad[0]:   # Dgrad: dx = Q(dy) Q(W), reduction over `out`
             d = recipe.dgrad
-            dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype)
-            wq = _operand(weight, d, recipe, 0, d.sr_b, seed + 3, weight=True, dtype=dtype)
+            dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype, probe=(tag, "dgrad_dy"))
+            wq = _operand(weight, d, recipe, 0, d.sr_b, seed + 3, weight=True, dtype=dtype,
+                          probe=(tag, "dgrad_w"))
             dx = (dyq @ wq).to(x.dtype)
         if ctx.needs_input_grad[1]:   # Wgrad: dW = Q(dy)^T Q(x), reduction over tokens, fp32 out
             g = recipe.wgrad
             blk = _wgrad_block(recipe)
             wdtype = torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
-            dyq = _operand(_pad_rows(dy, blk), g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype)
-            xq = _operand(_pad_rows(x, blk), g, recipe, 0, g.sr_b, seed + 5, dtype=wdtype)
+            dyq = _operand(_pad_rows(dy, blk), g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype,
+                           probe=(tag, "wgrad_dy"))
+            xq = _operand(_pad_rows(x, blk), g, recipe, 0, g.sr_b, seed + 5, dtype=wdtype,
+                          probe=(tag, "wgrad_x"))
             dw = _mm_fp32(dyq.t(), xq).to(weight.dtype)
-        return dx, dw, None, None, None
+        return dx, dw, None, None, None, None
 
 def _sr_seed(recipe):
     """A fresh seed per call from torch's CPU generator: reproducible under torch.manual_seed,
@@ -492,6 +501,7 @@ class FP4Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe = make_recipe(recipe)
         check_dims(self.recipe, in_features, out_features)
+        self.tag = ""  # the layer's name in probe_alphas() records (convert sets it)
 
     def forward(self, x):
         if not self.recipe.quantized:
@@ -499,7 +509,7 @@ class FP4Linear(nn.Linear):
         dtype = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             y = FP4LinearFunction.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe,
-                                        _sr_seed(self.recipe), dtype)
+                                        _sr_seed(self.recipe), dtype, self.tag)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
@@ -543,33 +553,35 @@ class FP4GroupedFunction(torch.autograd.Function):
     each expert's group is padded with zero rows to the block first."""
 
     @staticmethod
-    def forward(ctx, x, weight, counts, recipe, seed, dtype):
+    def forward(ctx, x, weight, counts, recipe, seed, dtype, tag=""):
         offs = torch.cumsum(counts, 0).to(torch.int32)
         ctx.save_for_backward(x, weight, counts, offs)
-        ctx.recipe, ctx.seed, ctx.dtype = recipe, seed, dtype
+        ctx.recipe, ctx.seed, ctx.dtype, ctx.tag = recipe, seed, dtype, tag
         f = recipe.fprop
-        xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype)
-        wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype)
+        xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype, probe=(tag, "fprop_x"))
+        wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype,
+                      probe=(tag, "fprop_w"))
         return _grouped_mm(xq, wq.transpose(1, 2), offs)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, counts, offs = ctx.saved_tensors
-        recipe, seed, dtype = ctx.recipe, ctx.seed, ctx.dtype
+        recipe, seed, dtype, tag = ctx.recipe, ctx.seed, ctx.dtype, ctx.tag
         d, g = recipe.dgrad, recipe.wgrad
         dy = dy.contiguous()
-        dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype)
-        wq = _operand(weight, d, recipe, 1, d.sr_b, seed + 3, weight=True, dtype=dtype)
+        dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype, probe=(tag, "dgrad_dy"))
+        wq = _operand(weight, d, recipe, 1, d.sr_b, seed + 3, weight=True, dtype=dtype,
+                      probe=(tag, "dgrad_w"))
         dx = _grouped_mm(dyq, wq, offs).to(x.dtype)
         blk = max(_wgrad_block(recipe), 16 if x.is_cuda else 1)  # CUDA wants 16-aligned groups
         dest, pad_offs, length = _padded_rows(counts, x.shape[0], blk)
         dy_pad = dy.new_zeros(length, dy.shape[1]).index_copy_(0, dest, dy)
         x_pad = x.new_zeros(length, x.shape[1]).index_copy_(0, dest, x)
         wdtype = torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
-        dyq = _operand(dy_pad, g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype)
-        xq = _operand(x_pad, g, recipe, 0, g.sr_b, seed + 5, dtype=wdtype)
+        dyq = _operand(dy_pad, g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype, probe=(tag, "wgrad_dy"))
+        xq = _operand(x_pad, g, recipe, 0, g.sr_b, seed + 5, dtype=wdtype, probe=(tag, "wgrad_x"))
         dw = _grouped_mm(dyq.t(), xq, pad_offs, out_dtype=torch.float32)  # dW accumulates in fp32
-        return dx, dw.to(weight.dtype), None, None, None, None
+        return dx, dw.to(weight.dtype), None, None, None, None, None
 
 class GroupedLinear(nn.Module):
     """num_groups independent linears (no bias) applied to row groups: the MoE experts.
@@ -583,13 +595,14 @@ class GroupedLinear(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
         self.recipe = make_recipe(recipe)
         check_dims(self.recipe, in_features, out_features)
+        self.tag = ""
 
     def forward(self, x, counts):
         counts = torch.as_tensor(counts, device=x.device).long()
         dtype = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             return FP4GroupedFunction.apply(x, self.weight, counts, self.recipe,
-                                            _sr_seed(self.recipe), dtype)
+                                            _sr_seed(self.recipe), dtype, self.tag)
 
     def extra_repr(self):
         g, o, i = self.weight.shape
@@ -609,12 +622,12 @@ def convert(model, recipe, blocks_attr="blocks", keep=("router",)):
                 continue
             if isinstance(mod, (GroupedLinear, FP4Linear)):  # already converted: just re-recipe
                 check_dims(r, mod.in_features, mod.out_features)
-                mod.recipe = r
+                mod.recipe, mod.tag = r, f"{blocks_attr}.{i}.{name}"
             elif isinstance(mod, nn.Linear):
                 check_dims(r, mod.in_features, mod.out_features)
                 new = FP4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
                                 recipe=r, device="meta")
-                new.weight = mod.weight
+                new.weight, new.tag = mod.weight, f"{blocks_attr}.{i}.{name}"
                 if mod.bias is not None:
                     new.bias = mod.bias
                 parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
@@ -632,6 +645,42 @@ def attenuation(x, xq):
 def sqnr_db(x, xq):
     x, xq = x.double(), xq.double()
     return (10 * torch.log10((x * x).sum() / ((xq - x) ** 2).sum())).item()
+
+PROBE = None  # the dict of an open probe_alphas() block, else None
+
+@contextlib.contextmanager
+def probe_alphas():
+    """Live shrinkage telemetry. Inside the block, every quantized GEMM operand adds its terms to
+    the yielded dict {(layer tag, operand): [<Q(A),A>, ||A||^2, ||Q(A)-A||^2]} (device tensors,
+    summed over calls); A is in the RHT basis when the GEMM uses one. Operands: fprop_x, fprop_w,
+    dgrad_dy, dgrad_w, wgrad_dy, wgrad_x. No RNG is drawn, so probing leaves training unchanged."""
+    global PROBE
+    PROBE = {}
+    try:
+        yield PROBE
+    finally:
+        PROBE = None
+
+def _record_probe(key, ref, q):
+    ref, q = ref.detach().float(), q.detach().float()
+    terms = torch.stack([(q * ref).sum(), (ref * ref).sum(), ((q - ref) ** 2).sum()]).double()
+    if key in PROBE:
+        PROBE[key] += terms
+    else:
+        PROBE[key] = terms
+
+def probe_summary(probe):
+    """{operand: {layer tag: (alpha, SQNR dB)}} from a probe_alphas() dict (one host sync)."""
+    if not probe:
+        return {}
+    keys = list(probe)
+    vals = torch.stack([probe[k] for k in keys]).cpu().tolist()
+    out = {}
+    for (tag, operand), (qa, aa, err) in zip(keys, vals):
+        alpha = qa / aa if aa > 0 else float("nan")
+        sqnr = 10 * math.log10(aa / err) if err > 0 and aa > 0 else float("inf")
+        out.setdefault(operand, {})[tag] = (alpha, sqnr)
+    return out
 
 def bucket_use(q):
     """B_eff = exp(entropy of the 16-code histogram) / 16 of a QTensor: how evenly codes are used."""

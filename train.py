@@ -112,7 +112,7 @@ peak_tflops = 989.0          # for MFU: dense bf16 peak of one H100/H200
 # robustness
 nonfinite_policy = "skip"    # NaN/Inf loss or grad norm: "skip" the step, or "stop"
 max_nonfinite = 5            # stop after this many non-finite steps in a row
-telemetry_interval = 0       # every N iters log FP4 weight attenuation/SQNR; 0 = off
+telemetry_interval = 0       # every N iters log alpha/SQNR of each quantized GEMM operand; 0 = off
 final_sample_tokens = 0      # print a sample of this many tokens at the end
 debug_nan_at_iter = -1       # test hook: make the loss NaN at this iteration...
 debug_nan_iters = 1          # ... and the next ones, this many in all
@@ -358,21 +358,19 @@ def fmt_time(s):
 def all_finite(module):
     return all(bool(torch.isfinite(p).all()) for p in module.parameters())
 
-def weight_telemetry(model):
-    """Mean attenuation alpha and SQNR of the quantized weights under their Fprop format."""
-    import fp4
-    alphas, sqnrs = [], []
-    for m in model.modules():
-        r = getattr(m, "recipe", None)
-        if r is None or not r.quantized or not r.fprop.fmt:
-            continue
-        w = m.weight.detach().float().reshape(-1, m.weight.shape[-1])
-        rep = fp4.shrinkage_report(w, r.fprop.fmt, rht=r.rht_size if r.fprop.rht else None)
-        alphas.append(rep["alpha"])
-        sqnrs.append(rep["sqnr_db"])
-    if not alphas:
-        return {}
-    return dict(w_alpha=sum(alphas) / len(alphas), w_sqnr_db=sum(sqnrs) / len(sqnrs))
+OPERANDS = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
+
+def telemetry_record(iter_num, summary):
+    """One log record from fp4.probe_summary(): alpha and SQNR per GEMM operand, mean over
+    layers, and alpha per layer."""
+    ops = [op for op in OPERANDS if op in summary]
+    mean = lambda op, i: sum(v[i] for v in summary[op].values()) / len(summary[op])  # noqa: E731
+    layers = {}
+    for op in ops:
+        for tag, (alpha, _) in summary[op].items():
+            layers.setdefault(tag, {})[op] = round(alpha, 6)
+    return dict(type="telemetry", iter=iter_num, alpha={op: round(mean(op, 0), 6) for op in ops},
+                sqnr_db={op: round(mean(op, 1), 3) for op in ops}, layers=layers)
 
 def moe_record(raw_model):
     stats = raw_model.moe_stats() if hasattr(raw_model, "moe_stats") else {}
@@ -606,18 +604,21 @@ def main(argv=None):
                 group["lr"] = lr
 
             loss_sum = torch.zeros((), device=c.device)
-            for micro in range(accum):
-                if ddp:
-                    model.require_backward_grad_sync = micro == accum - 1
-                x, y = train_loader.next_batch()
-                if rank == c.debug_fail_rank and iter_num == c.debug_fail_at_iter:
-                    raise RuntimeError(f"debug_fail_at_iter: rank {rank} fails at iter {iter_num}")
-                with ctx:
-                    _, loss = model(x, y)
-                if c.debug_nan_at_iter <= iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
-                    loss = loss * float("nan")
-                loss_sum += loss.detach()
-                (loss / accum).backward()
+            probing = c.telemetry_interval and iter_num % c.telemetry_interval == 0 and master
+            probe = fp4.probe_alphas() if probing else contextlib.nullcontext()
+            with probe as alphas:
+                for micro in range(accum):
+                    if ddp:
+                        model.require_backward_grad_sync = micro == accum - 1
+                    x, y = train_loader.next_batch()
+                    if rank == c.debug_fail_rank and iter_num == c.debug_fail_at_iter:
+                        raise RuntimeError(f"debug_fail_at_iter: rank {rank} fails at iter {iter_num}")
+                    with ctx:
+                        _, loss = model(x, y)
+                    if c.debug_nan_at_iter <= iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
+                        loss = loss * float("nan")
+                    loss_sum += loss.detach()
+                    (loss / accum).backward()
             if ddp:
                 all_reduce_mean(loss_sum)
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -642,6 +643,10 @@ def main(argv=None):
                         f"stopping at iter {iter_num}: {bad_in_row} non-finite step(s) in a row "
                         f"(policy {c.nonfinite_policy!r}, max_nonfinite={c.max_nonfinite}); {kept}")
             optimizer.zero_grad(set_to_none=True)
+            if probing and alphas:
+                tel = telemetry_record(iter_num, fp4.probe_summary(alphas))
+                record(tel)
+                log(f"iter {iter_num} alpha | " + " ".join(f"{k} {v:.4f}" for k, v in tel["alpha"].items()))
             if c.dry_run:
                 log(f"dry run: one step done, loss {loss_val:.4f}; nothing written")
                 return loss_val
@@ -659,8 +664,6 @@ def main(argv=None):
                            grad_norm=norm_val, dt_ms=dt * 1000, tok_per_s=tok_s, mfu=mfu,
                            elapsed_s=t1 - t_start)
                 rec.update(moe_record(raw_model))
-                if c.telemetry_interval and (iter_num - 1) % c.telemetry_interval == 0:
-                    rec.update(weight_telemetry(raw_model))
                 record(rec)
                 last = rec
                 log(f"iter {iter_num - 1} | loss {loss_val:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms | "

@@ -1,5 +1,6 @@
 """Tests for fp4.py, the reference. Independent oracles: ml_dtypes casts and the spec's formulas
 written out in numpy."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -538,6 +539,59 @@ def test_shrinkage_on_gaussian_data():
     assert abs(int4["alpha"] - 1) < 0.002
     assert 0 < e2m1["b_eff"] <= 1 and 0 < int4["b_eff"] <= 1
     assert int4["sqnr_db"] > 15 and e2m1["sqnr_db"] > 15
+
+
+def test_probe_alphas_records_every_operand_without_changing_the_step():
+    torch.manual_seed(6)
+    lin = fp4.FP4Linear(64, 32, bias=False, recipe="e2m1")  # RHT on Wgrad, SR on dy
+    lin.tag = "blocks.0.fc"
+    x = torch.randn(40, 64, requires_grad=True)
+    dy = torch.randn(40, 32)
+
+    def step(probe):
+        x.grad = lin.weight.grad = None
+        torch.manual_seed(7)  # the SR seed
+        with fp4.probe_alphas() if probe else contextlib.nullcontext() as p:
+            lin(x).backward(dy)
+        return x.grad.clone(), lin.weight.grad.clone(), p
+
+    dx0, dw0, _ = step(False)
+    dx1, dw1, p = step(True)
+    assert torch.equal(dx0, dx1) and torch.equal(dw0, dw1)  # probing draws no RNG, changes nothing
+    assert fp4.PROBE is None
+    s = fp4.probe_summary(p)
+    assert set(s) == {"fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x"}
+    assert all(set(v) == {"blocks.0.fc"} for v in s.values())
+    # Fprop x: RTNE along the features, no RHT: the same alpha as shrinkage_report
+    ref = fp4.shrinkage_report(x.detach(), "e2m1")
+    assert s["fprop_x"]["blocks.0.fc"][0] == pytest.approx(ref["alpha"], rel=1e-6)
+    assert s["fprop_x"]["blocks.0.fc"][1] == pytest.approx(ref["sqnr_db"], rel=1e-5)
+    # Wgrad x: along the tokens (padded 40 -> 48), in the RHT basis
+    ref = fp4.shrinkage_report(F.pad(x.detach(), (0, 0, 0, 8)), "e2m1", dim=0, rht=16)
+    assert s["wgrad_x"]["blocks.0.fc"][0] == pytest.approx(ref["alpha"], rel=1e-6)
+    # the e2m1 grid shrinks: alpha below one
+    assert 0.9 < s["fprop_x"]["blocks.0.fc"][0] < 0.999
+
+
+def test_convert_tags_layers_for_the_probe():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.experts = nn.Linear(32, 64), fp4.GroupedLinear(2, 32, 64)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+
+        def forward(self, x):
+            return sum(b.fc(x).sum() + b.experts(x, [10, 6]).sum() for b in self.blocks)
+
+    m = fp4.convert(Model(), "ufp4")
+    with fp4.probe_alphas() as p:
+        m(torch.randn(16, 32)).backward()
+    tags = set(fp4.probe_summary(p)["wgrad_dy"])
+    assert tags == {"blocks.0.fc", "blocks.0.experts", "blocks.1.fc", "blocks.1.experts"}
 
 
 def test_cli_prints_tables():

@@ -119,10 +119,18 @@ def test_loss_goes_down(ds, tmp_path, recipe, moe):
         assert "aux_loss" in rec and len(rec["expert_load"]) == 2 and len(rec["expert_load"][0]) == 4
 
 def test_recipe_ablation_and_telemetry(ds, tmp_path):
-    run(ds, tmp_path, recipe="e2m1", recipe_rht="all", max_iters=3, telemetry_interval=2)
-    recs = read_log(str(tmp_path))
-    assert "w_alpha" in recs[0] and "w_alpha" in recs[2] and "w_alpha" not in recs[1]
-    assert 0.5 < recs[0]["w_alpha"] < 1.01
+    run(ds, tmp_path / "a", recipe="e2m1", recipe_rht="all", max_iters=3, telemetry_interval=2, **MOE)
+    tel = read_log(str(tmp_path / "a"), "telemetry")
+    assert [r["iter"] for r in tel] == [0, 2]
+    ops = {"fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x"}
+    assert set(tel[0]["alpha"]) == ops and set(tel[0]["sqnr_db"]) == ops
+    assert all(0.8 < a < 1.2 for a in tel[0]["alpha"].values())
+    assert "blocks.0.attn.qkv" in tel[0]["layers"] and "blocks.1.mlp.w_in" in tel[0]["layers"]
+    assert set(tel[0]["layers"]["blocks.1.mlp.w_down"]) == ops
+    # probing is read-only: the same losses as without it
+    run(ds, tmp_path / "b", recipe="e2m1", recipe_rht="all", max_iters=3, **MOE)
+    assert [r["loss"] for r in read_log(str(tmp_path / "a"))] == \
+        [r["loss"] for r in read_log(str(tmp_path / "b"))]
 
 def test_dataset_prepared_from_input_file(tmp_path):
     text = tmp_path / "input.txt"
