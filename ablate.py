@@ -107,13 +107,25 @@ def run_all(config, arms, seeds, out, extra, parallel, gpus):
     return failed
 
 
-def gap(curve, ref):
-    """Mean of |L - L_ref| / L_ref over the last 10 % of the steps both curves logged."""
+def _tail(curve, ref):
     common = sorted(set(curve) & set(ref))
-    if not common:
+    return common[-max(1, len(common) // 10):] if common else []
+
+
+def gap(curve, ref):
+    """The paper's gap: mean of |L - L_ref| / L_ref over the last 10 % of the steps both curves
+    logged. Per-step noise makes it positive even between equal recipes."""
+    tail = _tail(curve, ref)
+    return statistics.mean(abs(curve[i] - ref[i]) / ref[i] for i in tail) if tail else float("nan")
+
+
+def signed_gap(curve, ref):
+    """(mean L - mean L_ref) / mean L_ref over the same tail: which side, without the noise floor."""
+    tail = _tail(curve, ref)
+    if not tail:
         return float("nan")
-    tail = common[-max(1, len(common) // 10):]
-    return statistics.mean(abs(curve[i] - ref[i]) / ref[i] for i in tail)
+    m, r = statistics.mean(curve[i] for i in tail), statistics.mean(ref[i] for i in tail)
+    return (m - r) / r
 
 
 def summarize(out, arms, seeds):
@@ -123,29 +135,49 @@ def summarize(out, arms, seeds):
             recs = read_log(os.path.join(run_dir(out, arm, seed), "log.jsonl"))
             train = {r["iter"]: r["loss"] for r in recs if r.get("type") == "train"}
             evals = [r for r in recs if r.get("type") == "eval"]
+            tel = [r for r in recs if r.get("type") == "telemetry"]
             if train:
                 runs[arm, seed] = dict(train=train, final_val=evals[-1]["val_loss"] if evals else None,
-                                       final_train=evals[-1]["train_loss"] if evals else None)
+                                       final_train=evals[-1]["train_loss"] if evals else None,
+                                       alpha=tel[-1]["alpha"] if tel else {})
     rows = []
     for arm in arms:
         got = [s for s in seeds if (arm, s) in runs]
         if not got:
             continue
-        gaps = [gap(runs[arm, s]["train"], runs["bf16", s]["train"]) for s in got if ("bf16", s) in runs]
+        paired = [s for s in got if ("bf16", s) in runs]
+        ref = lambda s: runs["bf16", s]  # noqa: E731
         vals = [runs[arm, s]["final_val"] for s in got if runs[arm, s]["final_val"] is not None]
         trs = [runs[arm, s]["final_train"] for s in got if runs[arm, s]["final_train"] is not None]
-        rows.append(dict(arm=arm, seeds=len(got), overrides=ARMS[arm],
-                         val=_ms(vals), train=_ms(trs), gap_pct=_ms([100 * g for g in gaps])))
-    lines = ["| arm | overrides | seeds | final train loss | final val loss | gap vs bf16 (%) |",
-             "|---|---|---|---|---|---|"]
+        val_gaps = [100 * (runs[arm, s]["final_val"] / ref(s)["final_val"] - 1) for s in paired
+                    if runs[arm, s]["final_val"] and ref(s)["final_val"]]
+        alphas = {}
+        for s in got:
+            for op, a in runs[arm, s]["alpha"].items():
+                alphas.setdefault(op, []).append(a)
+        rows.append(dict(arm=arm, seeds=len(got), overrides=ARMS[arm], val=_ms(vals), train=_ms(trs),
+                         gap_pct=_ms([100 * gap(runs[arm, s]["train"], ref(s)["train"]) for s in paired]),
+                         signed_gap_pct=_ms([100 * signed_gap(runs[arm, s]["train"], ref(s)["train"])
+                                             for s in paired]),
+                         val_gap_pct=_ms(val_gaps),
+                         alpha={op: statistics.mean(v) for op, v in alphas.items()}))
+    lines = ["| arm | overrides | seeds | final train loss | final val loss | gap vs bf16 (%) "
+             "| signed gap (%) | val gap (%) | alpha Fprop x / W |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ov = ", ".join(f"{k}={v}" for k, v in r["overrides"].items())
+        a = r["alpha"]
+        al = f"{a['fprop_x']:.4f} / {a['fprop_w']:.4f}" if "fprop_x" in a and "fprop_w" in a else "-"
         lines.append(f"| {r['arm']} | {ov} | {r['seeds']} | {_fmt(r['train'])} | {_fmt(r['val'])} | "
-                     f"{_fmt(r['gap_pct'], 3)} |")
+                     f"{_fmt(r['gap_pct'], 3)} | {_fmt(r['signed_gap_pct'], 3)} | "
+                     f"{_fmt(r['val_gap_pct'], 3)} | {al} |")
     table = "\n".join(lines)
     with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(table + "\n\ngap: |L - L_bf16| / L_bf16 of the training loss, paired by seed, "
-                "averaged over the last 10 % of logged steps; mean ± std over seeds.\n")
+        f.write(table + "\n\ngap: the paper's |L - L_bf16| / L_bf16 of the training loss, paired by "
+                "seed, averaged over the last 10 % of logged steps (per-step noise keeps it above 0); "
+                "signed gap: (mean L - mean L_bf16) / mean L_bf16 over the same steps; val gap: the "
+                "same for the final val loss; mean ± std over seeds. alpha: <Q(A), A> / ||A||^2 of "
+                "the Fprop operands at the last telemetry step, mean over layers (and seeds).\n")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(rows, f, indent=1)
     plot(out, runs, arms, seeds)
@@ -180,13 +212,15 @@ def plot(out, runs, arms, seeds):
             if ("bf16", seed) in runs and arm != "bf16":
                 ref = runs["bf16", seed]["train"]
                 both = [j for j in it if j in ref]
-                ax2.plot(both, [100 * (c[j] - ref[j]) / ref[j] for j in both], **kw)
+                g = [100 * (c[j] - ref[j]) / ref[j] for j in both]
+                k = max(1, len(g) // 30)  # moving average: the paired gap is noisy step to step
+                ax2.plot(both[k - 1:], [statistics.mean(g[i - k + 1:i + 1]) for i in range(k - 1, len(g))], **kw)
     ax1.set_xlabel("iteration"), ax1.set_ylabel("train loss"), ax1.set_title("loss curves")
     lo = min(min(r["train"].values()) for r in runs.values())
     ax1.set_ylim(lo * 0.98, lo * 1.6)
     ax2.axhline(0, color="k", lw=0.5)
     ax2.set_xlabel("iteration"), ax2.set_ylabel("(L - L_bf16) / L_bf16  (%)")
-    ax2.set_title("paired gap to bf16 (same seed)")
+    ax2.set_title("paired gap to bf16 (same seed), moving average")
     ax1.legend(fontsize=8), ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "loss_curves.png"), dpi=110)

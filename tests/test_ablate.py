@@ -34,6 +34,8 @@ def test_sweep_runs_pairs_and_resumes(tmp_path):
     rows = {r["arm"]: r for r in json.load(open(os.path.join(out, "summary.json")))}
     assert rows["bf16"]["gap_pct"][0] == 0.0
     assert rows["ufp4_no_sr"]["gap_pct"][0] > 0 and rows["ufp4_no_sr"]["seeds"] == 2
+    assert rows["ufp4_no_sr"]["gap_pct"][0] >= abs(rows["ufp4_no_sr"]["signed_gap_pct"][0])
+    assert "val_gap_pct" in rows["ufp4_no_sr"]
     assert os.path.exists(os.path.join(out, "loss_curves.png"))
     # paired: both arms of a seed start from the same init and data, so their first losses agree
     first = {}
@@ -50,6 +52,10 @@ def test_gap_is_mean_relative_difference_over_the_tail():
     ref = {i: 2.0 for i in range(100)}
     cur = {i: (2.2 if i >= 90 else 5.0) for i in range(100)}
     assert abs(ablate.gap(cur, ref) - 0.1) < 1e-12
+    assert abs(ablate.signed_gap(cur, ref) - 0.1) < 1e-12
+    # noise around the reference: the paper's gap stays positive, the signed gap does not
+    noisy = {i: 2.0 + (0.1 if i % 2 else -0.1) for i in range(100)}
+    assert abs(ablate.gap(noisy, ref) - 0.05) < 1e-12 and abs(ablate.signed_gap(noisy, ref)) < 1e-12
 
 
 def test_unknown_arm_is_a_clear_error():
