@@ -6,8 +6,8 @@ Read top to bottom:
   2. rounding to a grid (RTNE, stochastic), block scales, pack/unpack -> quantize / dequantize
   3. the random Hadamard transform (RHT)
   4. recipes: per GEMM (Fprop, Dgrad, Wgrad) which format, RHT, SR
-  5. the quantized linear layer (one autograd.Function with the three GEMMs), its grouped
-     (MoE expert) variant, and convert(model, recipe)
+  5. the quantized linear layer: the three GEMMs as one forward and one backward custom op
+     (opaque to torch.compile), shared by the dense layer and the grouped MoE experts; convert
   6. shrinkage diagnostics: attenuation alpha, SQNR, bucket use, per-bin bias
 
 Conventions used everywhere:
@@ -23,11 +23,16 @@ Conventions used everywhere:
 """
 import contextlib
 import math
+import sys
+import typing
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if __name__ == "__main__":  # `import fp4` (kernels.py does) must find this module, not load a
+    sys.modules["fp4"] = sys.modules[__name__]  # second copy: its custom ops register once
 
 # -----------------------------------------------------------------------------
 # 1. Formats as data
@@ -237,6 +242,9 @@ def _blocked(t, fmt):
 
 def dequantize(q, dtype=None):
     """QTensor -> tensor of the original shape (in the RHT basis if q.rht), in q.dtype or `dtype`."""
+    if _use_triton(q.codes):
+        import kernels
+        return kernels.dequantize(q, dtype)
     codes = unpack_codes(q.codes).long()
     mag = _levels(GRIDS[q.fmt.grid], codes.device)[codes & 7]
     vals = _blocked(torch.where(codes >= 8, -mag, mag), q.fmt)
@@ -394,6 +402,13 @@ def check_dims(recipe, *dims):
 
 # -----------------------------------------------------------------------------
 # 5. The quantized linear layer
+#
+# y = x W^T with its three GEMMs quantized per the recipe (straight-through), for a dense layer
+# (weight [out, in]) and for MoE experts (weight [E, out, in], rows of x sorted by expert, counts
+# [E] rows each: one grouped matmul per GEMM). Forward and backward are two custom ops glued by
+# register_autograd: torch.compile sees each as one opaque call (register_fake gives the shapes),
+# compiles the norms, attention and activations around them without graph breaks, and the code
+# below (reference or Triton kernels) runs as is inside them at run time.
 
 BACKEND = "auto"  # "torch" (this file), "triton" (kernels.py on CUDA), "auto": triton on CUDA
 
@@ -415,24 +430,29 @@ def _use_triton(x):
         return False
     return getattr(kernels, "AVAILABLE", False) or BACKEND == "triton"
 
-def _operand(t, gemm, recipe, dim, sr, seed, weight=False, dtype=torch.float32, probe=None):
-    """One GEMM operand as the GEMM sees it: fake-quantized along its reduction dim, or as is.
-    probe: (layer tag, operand name) under which probe_alphas() records this operand."""
-    if not gemm.fmt:
-        return t.to(dtype)
+def _qparams(gemm, recipe, sr, weight=False):
+    """(format, rounding, RHT size) of one GEMM operand under the recipe."""
     fmt = get_format(gemm.fmt)
     if weight and recipe.weight_2d:
         fmt = replace(fmt, block_2d=True)
-    rht = recipe.rht_size if gemm.rht else None
-    q = fake_quant(t, fmt, dim=dim, rounding="sr" if sr else "rtne", rht=rht, seed=seed, dtype=dtype)
-    if PROBE is not None and probe is not None:
-        _record_probe(probe, rht_transform(t, rht, dim) if rht else t, q)
-    return q
+    return fmt, "sr" if sr else "rtne", recipe.rht_size if gemm.rht else None
 
-def _pad_rows(t, multiple):
-    """Zero rows appended to reach a multiple of the block: they add nothing to dW = dy^T x."""
-    pad = -t.shape[0] % multiple
-    return F.pad(t, (0, 0, 0, pad)) if pad else t
+def _operand(t, gemm, recipe, dim, sr, seed, weight=False, dtype=torch.float32, probe=None,
+             packed=False):
+    """One GEMM operand as the GEMM sees it: fake-quantized along its reduction dim, or as is.
+    packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit).
+    probe: (layer tag, operand name) under which probe_alphas() records this operand."""
+    if not gemm.fmt:
+        return t.to(dtype)
+    fmt, rounding, rht = _qparams(gemm, recipe, sr, weight)
+    if packed:
+        q = quantize(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed)
+    else:
+        q = fake_quant(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, dtype=dtype)
+    if PROBE is not None and probe is not None:
+        _record_probe(probe, rht_transform(t, rht, dim) if rht else t,
+                      dequantize(q, dtype) if packed else q)
+    return q
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -442,79 +462,6 @@ def _mm_fp32(a, b):
         except (TypeError, RuntimeError):  # torch without mm(out_dtype=)
             pass
     return a.float() @ b.float()
-
-def _wgrad_block(recipe):
-    g = recipe.wgrad
-    return math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
-
-class FP4LinearFunction(torch.autograd.Function):
-    """y = x W^T with each of the three GEMMs quantized per the recipe (straight-through).
-    x: [T, in] (2D), W: [out, in]. GEMM math in `dtype` (fp32 on CPU, bf16 under autocast)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, recipe, seed, dtype, tag=""):
-        f = recipe.fprop
-        xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype, probe=(tag, "fprop_x"))
-        wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype,
-                      probe=(tag, "fprop_w"))
-        ctx.save_for_backward(x, weight)
-        ctx.recipe, ctx.seed, ctx.dtype, ctx.tag = recipe, seed, dtype, tag
-        return xq @ wq.t()
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        recipe, seed, dtype, tag = ctx.recipe, ctx.seed, ctx.dtype, ctx.tag
-        dx = dw = None
-        if ctx.needs_input_grad[0]:   # Dgrad: dx = Q(dy) Q(W), reduction over `out`
-            d = recipe.dgrad
-            dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype, probe=(tag, "dgrad_dy"))
-            wq = _operand(weight, d, recipe, 0, d.sr_b, seed + 3, weight=True, dtype=dtype,
-                          probe=(tag, "dgrad_w"))
-            dx = (dyq @ wq).to(x.dtype)
-        if ctx.needs_input_grad[1]:   # Wgrad: dW = Q(dy)^T Q(x), reduction over tokens, fp32 out
-            g = recipe.wgrad
-            blk = _wgrad_block(recipe)
-            wdtype = torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
-            dyq = _operand(_pad_rows(dy, blk), g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype,
-                           probe=(tag, "wgrad_dy"))
-            xq = _operand(_pad_rows(x, blk), g, recipe, 0, g.sr_b, seed + 5, dtype=wdtype,
-                          probe=(tag, "wgrad_x"))
-            dw = _mm_fp32(dyq.t(), xq).to(weight.dtype)
-        return dx, dw, None, None, None, None
-
-def _sr_seed(recipe):
-    """A fresh seed per call from torch's CPU generator: reproducible under torch.manual_seed,
-    saved with the RNG state in checkpoints, and no GPU sync."""
-    return int(torch.randint(0, 2**31 - 8, (1,)).item()) if any(
-        g.sr_a or g.sr_b for g in (recipe.fprop, recipe.dgrad, recipe.wgrad)) else 0
-
-def _compute_dtype(x):
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-
-class FP4Linear(nn.Linear):
-    """Drop-in nn.Linear whose three GEMMs are quantized per `recipe` (bf16: exactly nn.Linear)."""
-
-    def __init__(self, in_features, out_features, bias=True, recipe="bf16", device=None, dtype=None):
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.recipe = make_recipe(recipe)
-        check_dims(self.recipe, in_features, out_features)
-        self.tag = ""  # the layer's name in probe_alphas() records (convert sets it)
-
-    def forward(self, x):
-        if not self.recipe.quantized:
-            return F.linear(x, self.weight, self.bias)
-        dtype = _compute_dtype(x)
-        with torch.autocast(x.device.type, enabled=False):
-            y = FP4LinearFunction.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe,
-                                        _sr_seed(self.recipe), dtype, self.tag)
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y + self.bias.to(y.dtype) if self.bias is not None else y
-
-    def extra_repr(self):
-        return super().extra_repr() + f", recipe={self.recipe.name}"
 
 def _grouped_mm(a, b, offs, out_dtype=None):
     """Per-group matmuls in one call (torch._grouped_mm: CPU and CUDA bf16). a [N, K] with row
@@ -533,57 +480,232 @@ def _grouped_mm(a, b, offs, out_dtype=None):
         return out
     return torch.stack([a[:, s:t] @ b[s:t] for s, t in zip(starts, ends)])
 
+def _mm(a, b, offs=None, fp32=False):
+    """a @ b (dense layer), or per expert group when offs (the groups' end rows) is given."""
+    if offs is None:
+        return _mm_fp32(a, b) if fp32 else a @ b
+    return _grouped_mm(a, b, offs, out_dtype=torch.float32 if fp32 else None)
+
+def _group_ends(counts):
+    return None if counts is None else torch.cumsum(counts, 0).to(torch.int32)
+
+def _wgrad_block(recipe):
+    g = recipe.wgrad
+    return math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
+
+def _wgrad_multiple(recipe, counts, device):
+    """Rows per Wgrad block along the tokens (CUDA's grouped GEMM also wants 16-aligned groups)."""
+    blk = _wgrad_block(recipe)
+    return blk if counts is None else max(blk, 16 if device.type == "cuda" else 1)
+
+def _wgrad_length(n_rows, counts, multiple):
+    """Rows after padding; for experts the static bound n_rows + E (multiple - 1) (no host sync)."""
+    if counts is None:
+        return n_rows + (-n_rows % multiple)
+    return (n_rows + counts.shape[0] * (multiple - 1) + multiple - 1) // multiple * multiple
+
 def _padded_rows(counts, n_rows, multiple):
     """Where each row goes when every group is padded to a multiple of `multiple` rows (so no
-    quantization block spans two experts), the padded group ends, and the padded length. No sync:
-    the padded length is the static bound n_rows + E * (multiple - 1), rounded up."""
+    quantization block spans two experts), and the padded group ends."""
     E = counts.numel()
     padded = (counts + multiple - 1) // multiple * multiple
     pad_start = torch.cumsum(padded, 0) - padded
     start = torch.cumsum(counts, 0) - counts
     group = torch.repeat_interleave(torch.arange(E, device=counts.device), counts, output_size=n_rows)
     dest = torch.arange(n_rows, device=counts.device) - start[group] + pad_start[group]
-    length = (n_rows + E * (multiple - 1) + multiple - 1) // multiple * multiple
-    return dest, torch.cumsum(padded, 0).to(torch.int32), length
+    return dest, torch.cumsum(padded, 0).to(torch.int32)
 
-class FP4GroupedFunction(torch.autograd.Function):
-    """MoE experts: rows of x sorted by expert, group e (counts[e] rows) uses weight[e] [out, in].
-    The same three quantized GEMMs as FP4LinearFunction, each as one grouped matmul. Fprop and
-    Dgrad quantize along in/out, which never mixes experts; Wgrad's blocks run along tokens, so
-    each expert's group is padded with zero rows to the block first."""
+def _wgrad_rows(t, counts, recipe):
+    """Wgrad's operand t [T, n] (x or dy), whose blocks run along the tokens, padded with zero
+    rows to whole blocks: at the end (dense), or after each expert's group. Zero rows add nothing
+    to dW = dy^T x. Returns (padded t, padded group ends or None)."""
+    multiple = _wgrad_multiple(recipe, counts, t.device)
+    length = _wgrad_length(t.shape[0], counts, multiple)
+    if counts is None:
+        return (F.pad(t, (0, 0, 0, length - t.shape[0])) if length > t.shape[0] else t), None
+    dest, pad_offs = _padded_rows(counts, t.shape[0], multiple)
+    return t.new_zeros(length, t.shape[1]).index_copy_(0, dest, t), pad_offs
 
-    @staticmethod
-    def forward(ctx, x, weight, counts, recipe, seed, dtype, tag=""):
-        offs = torch.cumsum(counts, 0).to(torch.int32)
-        ctx.save_for_backward(x, weight, counts, offs)
-        ctx.recipe, ctx.seed, ctx.dtype, ctx.tag = recipe, seed, dtype, tag
-        f = recipe.fprop
-        xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype, probe=(tag, "fprop_x"))
-        wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype,
-                      probe=(tag, "fprop_w"))
-        return _grouped_mm(xq, wq.transpose(1, 2), offs)
+def _wgrad_dtype(x, dtype):
+    return torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, counts, offs = ctx.saved_tensors
-        recipe, seed, dtype, tag = ctx.recipe, ctx.seed, ctx.dtype, ctx.tag
-        d, g = recipe.dgrad, recipe.wgrad
-        dy = dy.contiguous()
+def _packs_wgrad_x(recipe, save_x):
+    """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when Wgrad quantizes it."""
+    return bool(save_x and recipe.wgrad.fmt)
+
+def _forward(x, weight, counts, recipe, dtype, tag, seed, save_x):
+    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With save_x, also Wgrad's Q(x) as a QTensor
+    (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
+    f, g = recipe.fprop, recipe.wgrad
+    xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype, probe=(tag, "fprop_x"))
+    wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype,
+                  probe=(tag, "fprop_w"))
+    y = _mm(xq, wq.transpose(-1, -2), _group_ends(counts))
+    xw = None
+    if _packs_wgrad_x(recipe, save_x):
+        xw = _operand(_wgrad_rows(x, counts, recipe)[0], g, recipe, 0, g.sr_b, seed + 5,
+                      dtype=_wgrad_dtype(x, dtype), probe=(tag, "wgrad_x"), packed=True)
+    return y, xw
+
+def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seed, need_dx, need_dw):
+    """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
+    tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as the QTensor that forward saved."""
+    d, g = recipe.dgrad, recipe.wgrad
+    dy = dy.contiguous()
+    dx = dw = None
+    if need_dx:
         dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype, probe=(tag, "dgrad_dy"))
-        wq = _operand(weight, d, recipe, 1, d.sr_b, seed + 3, weight=True, dtype=dtype,
+        wq = _operand(weight, d, recipe, -2, d.sr_b, seed + 3, weight=True, dtype=dtype,
                       probe=(tag, "dgrad_w"))
-        dx = _grouped_mm(dyq, wq, offs).to(x.dtype)
-        blk = max(_wgrad_block(recipe), 16 if x.is_cuda else 1)  # CUDA wants 16-aligned groups
-        dest, pad_offs, length = _padded_rows(counts, x.shape[0], blk)
-        dy_pad = dy.new_zeros(length, dy.shape[1]).index_copy_(0, dest, dy)
-        x_pad = x.new_zeros(length, x.shape[1]).index_copy_(0, dest, x)
-        wdtype = torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
+        dx = _mm(dyq, wq, _group_ends(counts)).to(x_dtype)
+    if need_dw:
+        wdtype = _wgrad_dtype(dy, dtype)
+        dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
         dyq = _operand(dy_pad, g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype, probe=(tag, "wgrad_dy"))
-        xq = _operand(x_pad, g, recipe, 0, g.sr_b, seed + 5, dtype=wdtype, probe=(tag, "wgrad_x"))
-        dw = _grouped_mm(dyq.t(), xq, pad_offs, out_dtype=torch.float32)  # dW accumulates in fp32
-        return dx, dw.to(weight.dtype), None, None, None, None, None
+        if isinstance(x_or_q, QTensor):
+            xq = dequantize(x_or_q, wdtype)
+        else:
+            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], g, recipe, 0, g.sr_b, seed + 5,
+                          dtype=wdtype, probe=(tag, "wgrad_x"))
+        dw = _mm(dyq.t(), xq, pad_offs, fp32=True).to(weight.dtype)
+    return dx, dw
 
-class GroupedLinear(nn.Module):
+def _sr_seed(recipe):
+    """A fresh seed per layer call from torch's CPU generator: reproducible under
+    torch.manual_seed, saved with the RNG state in checkpoints, and no GPU sync. Recipes without
+    SR draw nothing (seed 0). Drawn inside the forward op, so no Python int reaches the compiler."""
+    if any(g.sr_a or g.sr_b for g in (recipe.fprop, recipe.dgrad, recipe.wgrad)):
+        return torch.randint(0, 2**31 - 8, (1,))
+    return torch.zeros(1, dtype=torch.int64)
+
+# The ops take the recipe by name: a registry of Recipe objects under their repr (every field).
+_RECIPES_BY_KEY = {}
+
+def recipe_key(recipe):
+    key = repr(recipe)
+    _RECIPES_BY_KEY.setdefault(key, recipe)
+    return key
+
+_Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
+
+# tagged random: the compiler must neither merge two calls nor recompute one in backward
+@torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
+               tag: str, save_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+    """-> y, the SR seed (int64 [1], CPU) and Wgrad's packed x: codes, scales, tensor scale
+    (empty tensors where there is none)."""
+    r = _RECIPES_BY_KEY[recipe]
+    seed = _sr_seed(r)
+    y, q = _forward(x, weight, counts, r, dtype, tag, int(seed), save_x)
+    none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
+    if q is None:
+        return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
+    return (y, seed, q.codes, q.scales,
+            q.tensor_scale if q.tensor_scale is not None else none(torch.float32))
+
+@_linear_op.register_fake
+def _(x, weight, counts, recipe, dtype, tag, save_x):
+    r = _RECIPES_BY_KEY[recipe]
+    empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
+    y, seed = empty(x.shape[0], weight.shape[-2], dt=dtype), torch.empty(1, dtype=torch.int64)
+    if not _packs_wgrad_x(r, save_x):
+        return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
+    fmt = get_format(r.wgrad.fmt)
+    n = _wgrad_length(x.shape[0], counts, _wgrad_multiple(r, counts, x.device))
+    return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
+            empty() if fmt.scale == "e4m3" else empty(0))
+
+@torch.library.custom_op("nanofp4::linear_backward", mutates_args=())
+def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: _Tensor,
+                        x_saved: list[_Tensor], recipe: str, dtype: torch.dtype,
+                        x_dtype: torch.dtype, tag: str, need_dx: bool,
+                        need_dw: bool) -> tuple[_Tensor, _Tensor]:
+    """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale]."""
+    r = _RECIPES_BY_KEY[recipe]
+    x_or_q = x_saved[0]
+    if len(x_saved) == 3:
+        codes, scales, s_enc = x_saved
+        fmt, _, rht = _qparams(r.wgrad, r, r.wgrad.sr_b)
+        x_or_q = QTensor(codes, scales, s_enc if s_enc.numel() else None, fmt,
+                         (2 * codes.shape[1], codes.shape[0]), x_dtype, 0, rht)
+    dx, dw = _backward(dy, weight, counts, x_or_q, r, dtype, x_dtype, tag, int(seed), need_dx,
+                       need_dw)
+    return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
+            dw if dw is not None else weight.new_empty(0))
+
+@_linear_backward_op.register_fake
+def _(dy, weight, counts, seed, x_saved, recipe, dtype, x_dtype, tag, need_dx, need_dw):
+    return (dy.new_empty((dy.shape[0], weight.shape[-1]) if need_dx else (0,), dtype=x_dtype),
+            weight.new_empty(weight.shape if need_dw else (0,)))
+
+def _setup_context(ctx, inputs, output):
+    x, weight, counts, recipe, dtype, tag, save_x = inputs
+    _, seed, codes, scales, s_enc = output
+    packed = _packs_wgrad_x(_RECIPES_BY_KEY[recipe], save_x)
+    ctx.save_for_backward(weight, counts, seed, *((codes, scales, s_enc) if packed else (x,)))
+    ctx.mark_non_differentiable(seed, codes, scales, s_enc)
+    ctx.set_materialize_grads(False)
+    ctx.recipe, ctx.dtype, ctx.x_dtype, ctx.tag = recipe, dtype, x.dtype, tag
+
+def _linear_autograd(ctx, dy, *_):
+    weight, counts, seed, *x_saved = ctx.saved_tensors
+    need_dx, need_dw = ctx.needs_input_grad[:2]
+    dx, dw = _linear_backward_op(dy, weight, counts, seed, x_saved, ctx.recipe, ctx.dtype,
+                                 ctx.x_dtype, ctx.tag, need_dx, need_dw)
+    return dx if need_dx else None, dw if need_dw else None, None, None, None, None, None
+
+_linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
+
+def _compute_dtype(x):
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+
+def _apply(x, weight, counts, key, tag):
+    dtype = _compute_dtype(x)  # GEMM math in fp32 on CPU, bf16 under autocast
+    save_x = torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad, nothing to save
+    with torch.autocast(x.device.type, enabled=False):
+        return _linear_op(x, weight, counts, key, dtype, tag, save_x)[0]
+
+def fp4_linear(x, weight, recipe, counts=None, tag=""):
+    """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a
+    preset name); with counts [E], weight [E, out, in] and x's rows sorted by group (MoE
+    experts). tag: the layer's name in probe_alphas() records."""
+    return _apply(x, weight, counts, recipe_key(make_recipe(recipe)), tag)
+
+class _Quantized:
+    """The `recipe` attribute of the quantized modules, kept with the key the ops take (a
+    string attribute: torch.compile guards on it without tracing the dataclass)."""
+
+    @property
+    def recipe(self):
+        return self._recipe
+
+    @recipe.setter
+    def recipe(self, recipe):
+        self._recipe = make_recipe(recipe)
+        self._recipe_key = recipe_key(self._recipe)
+
+class FP4Linear(_Quantized, nn.Linear):
+    """Drop-in nn.Linear whose three GEMMs are quantized per `recipe` (bf16: exactly nn.Linear)."""
+
+    def __init__(self, in_features, out_features, bias=True, recipe="bf16", device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.recipe = recipe
+        check_dims(self.recipe, in_features, out_features)
+        self.tag = ""  # the layer's name in probe_alphas() records (convert sets it)
+
+    def forward(self, x):
+        if not self.recipe.quantized:
+            return F.linear(x, self.weight, self.bias)
+        y = _apply(x.reshape(-1, x.shape[-1]), self.weight, None, self._recipe_key, self.tag)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y + self.bias.to(y.dtype) if self.bias is not None else y
+
+    def extra_repr(self):
+        return super().extra_repr() + f", recipe={self.recipe.name}"
+
+class GroupedLinear(_Quantized, nn.Module):
     """num_groups independent linears (no bias) applied to row groups: the MoE experts.
     forward(x [N, in] sorted by group, counts [num_groups] (tensor or list)) -> [N, out]."""
 
@@ -593,16 +715,13 @@ class GroupedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_groups, out_features, in_features,
                                                device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)
-        self.recipe = make_recipe(recipe)
+        self.recipe = recipe
         check_dims(self.recipe, in_features, out_features)
         self.tag = ""
 
     def forward(self, x, counts):
         counts = torch.as_tensor(counts, device=x.device).long()
-        dtype = _compute_dtype(x)
-        with torch.autocast(x.device.type, enabled=False):
-            return FP4GroupedFunction.apply(x, self.weight, counts, self.recipe,
-                                            _sr_seed(self.recipe), dtype, self.tag)
+        return _apply(x, self.weight, counts, self._recipe_key, self.tag)
 
     def extra_repr(self):
         g, o, i = self.weight.shape

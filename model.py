@@ -198,7 +198,8 @@ class MoE(nn.Module):
         flat = idx.flatten()
         order = flat.argsort(stable=True)
         token = order // k
-        counts = torch.bincount(flat, minlength=E)
+        # not bincount: its output size depends on the data, a graph break under torch.compile
+        counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))
         y = self.experts(x[token], counts)
         y = y.float() * gates.flatten()[order, None]
         out = torch.zeros(N, x.shape[1], dtype=torch.float32, device=x.device).index_add(0, token, y)

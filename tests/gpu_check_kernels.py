@@ -111,7 +111,7 @@ def check_quant(x, fmt, dim, rht, packed=True, fake=True, dtype=torch.bfloat16):
         q = kernels.quantize(x, fmt, dim=dim, rht=rht)
         r = ref(fp4.quantize, x, fmt, dim=dim, rht=rht)
         same_q(q, r, what)
-        same(kernels.dequantize(q, dtype), fp4.dequantize(r, dtype).contiguous(), what + " dequantize")
+        same(kernels.dequantize(q, dtype), ref(fp4.dequantize, r, dtype).contiguous(), what + " dequantize")
         del q, r
     if fake:
         same(kernels.fake_quant(x, fmt, dim=dim, rht=rht, dtype=dtype),
@@ -257,8 +257,8 @@ def main():
             qa, qw = kernels.quantize(a, fa, rht=rht), kernels.quantize(w, fw, rht=rht)
             out = kernels.fp4_matmul(qa, qw, dtype=torch.float32)
             # the same bf16 operands (value x block scale), fp32 accumulation by cuBLAS
-            opa = fp4.dequantize(dataclasses.replace(qa, tensor_scale=None), torch.bfloat16)
-            opw = fp4.dequantize(dataclasses.replace(qw, tensor_scale=None), torch.bfloat16)
+            opa = ref(fp4.dequantize, dataclasses.replace(qa, tensor_scale=None), torch.bfloat16)
+            opw = ref(fp4.dequantize, dataclasses.replace(qw, tensor_scale=None), torch.bfloat16)
             r = opa.float() @ opw.float().t()   # fp32 GEMM (TF32 off by default)
             for q in (qa, qw):
                 if q.tensor_scale is not None:

@@ -402,6 +402,14 @@ def manual_three_gemms(x, w, dy, r, seed):
     return y, dx, dw
 
 
+def seeded_fp4_linear(x, w, r, rng_seed=0, counts=None):
+    """fp4.fp4_linear after torch.manual_seed(rng_seed), and the SR seed it draws inside."""
+    torch.manual_seed(rng_seed)
+    seed = int(fp4._sr_seed(r))
+    torch.manual_seed(rng_seed)
+    return fp4.fp4_linear(x, w, r, counts=counts), seed
+
+
 @pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4"])
 def test_fp4_linear_is_the_three_quantized_gemms(name):
     torch.manual_seed(1)
@@ -409,9 +417,10 @@ def test_fp4_linear_is_the_three_quantized_gemms(name):
     x = torch.randn(64, 96, requires_grad=True)
     w = torch.randn(32, 96, requires_grad=True)
     dy = torch.randn(64, 32)
-    y = fp4.FP4LinearFunction.apply(x, w, r, 1000, torch.float32)
+    y, seed = seeded_fp4_linear(x, w, r, 1000)
+    assert seed != 0  # SR on dy: a seed was drawn
     y.backward(dy)
-    ry, rdx, rdw = manual_three_gemms(x.detach(), w.detach(), dy, r, 1000)
+    ry, rdx, rdw = manual_three_gemms(x.detach(), w.detach(), dy, r, seed)
     assert torch.equal(y, ry) and torch.equal(x.grad, rdx) and torch.equal(w.grad, rdw)
     # and it is a good approximation of the exact layer
     exact = x.detach() @ w.detach().t()
@@ -439,7 +448,7 @@ def test_zero_padding_tokens_does_not_change_wgrad():
     xp, dyp = F.pad(x, (0, 0, 0, 11)), F.pad(dy, (0, 0, 0, 11))
     _, _, dw_ref = manual_three_gemms(xp, w, dyp, r, 0)
     w1 = w.clone().requires_grad_()
-    fp4.FP4LinearFunction.apply(x, w1, r, 0, torch.float32).backward(dy)
+    fp4.fp4_linear(x, w1, r).backward(dy)  # no SR: seed 0
     assert torch.equal(w1.grad, dw_ref)
 
 
@@ -457,7 +466,7 @@ def test_grouped_linear_equals_per_expert_linear():
         xe = x.detach()[start:start + c].clone().requires_grad_()
         we = g.weight.detach()[e].clone().requires_grad_()
         if c:
-            ye = fp4.FP4LinearFunction.apply(xe, we, r, 0, torch.float32)
+            ye = fp4.fp4_linear(xe, we, r)
             ye.backward(dy[start:start + c])
             assert torch.equal(ye, y[start:start + c])
             assert torch.equal(xe.grad, x.grad[start:start + c])
@@ -592,6 +601,147 @@ def test_convert_tags_layers_for_the_probe():
         m(torch.randn(16, 32)).backward()
     tags = set(fp4.probe_summary(p)["wgrad_dy"])
     assert tags == {"blocks.0.fc", "blocks.0.experts", "blocks.1.fc", "blocks.1.experts"}
+
+
+# ---------------------------------------------------------------- torch.compile, saved-tensor memory
+
+class Stack(nn.Module):
+    """A layer stack for fp4.convert: dense linears and grouped MoE experts, with residuals.
+    exact: only ops whose compiled kernels give eager's bits (ReLU, adds): no norm, and no bias,
+    whose gradient is a reduction that inductor may sum in another order."""
+
+    def __init__(self, d=64, E=4, n_blocks=2, exact=False):
+        super().__init__()
+        self.act = F.relu if exact else F.gelu
+        self.blocks = nn.ModuleList(nn.ModuleDict(dict(
+            norm=nn.Identity() if exact else nn.LayerNorm(d),
+            fc1=nn.Linear(d, 2 * d, bias=not exact), fc2=nn.Linear(2 * d, d, bias=not exact),
+            w_in=fp4.GroupedLinear(E, d, 2 * d), w_out=fp4.GroupedLinear(E, 2 * d, d)))
+            for _ in range(n_blocks))
+
+    def forward(self, x, counts):
+        for b in self.blocks:
+            x = x + b["fc2"](self.act(b["fc1"](b["norm"](x))))
+            x = x + b["w_out"](self.act(b["w_in"](b["norm"](x), counts)), counts)
+        return x
+
+
+STACK_X, STACK_COUNTS = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)), torch.tensor([10, 0, 30, 24])
+
+
+def train_step(model, params, seed):
+    """One forward + backward under torch.manual_seed(seed): output, dx and every gradient."""
+    for p in params:
+        p.grad = None
+    x = STACK_X.clone().requires_grad_()
+    torch.manual_seed(seed)
+    y = model(x, STACK_COUNTS)
+    y.square().sum().backward()
+    return [y.detach(), x.grad] + [p.grad for p in params]
+
+
+def have_cxx():
+    import shutil
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
+    not have_cxx(), reason="inductor's CPU code needs a C++ compiler"))])
+@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4"])  # all three: SR on dy; nvfp4: 2D W tiles, last block bf16
+def test_compiled_stack_equals_eager_without_breaks_or_recompiles(name, backend):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = fp4.convert(Stack(exact=backend == "inductor"), name)
+    params = list(model.parameters())
+    compiled = torch.compile(model, backend=backend, fullgraph=True)  # fullgraph: a break raises
+    for step in range(3):
+        want = train_step(model, params, step)
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):  # steps 2, 3: no recompile
+            got = train_step(compiled, params, step)
+        assert len(want) == len(got) == 2 + len(params)
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert torch.equal(a, b), (step, i)
+    torch._dynamo.reset()
+
+
+def test_explain_finds_no_graph_breaks():
+    torch._dynamo.reset()
+    model = fp4.convert(Stack(), "e2m1")
+    ex = torch._dynamo.explain(model)(STACK_X, STACK_COUNTS)
+    assert ex.graph_break_count == 0 and ex.graph_count == 1, ex.break_reasons
+    torch._dynamo.reset()
+
+
+def test_probe_works_under_compile_without_recompiling():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = fp4.convert(Stack(), "e2m1")
+    params = list(model.parameters())
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    train_step(compiled, params, 0)
+    with torch._dynamo.config.patch(error_on_recompile=True):  # the probe is read at run time
+        with fp4.probe_alphas() as p_compiled:
+            got = train_step(compiled, params, 1)
+        train_step(compiled, params, 2)
+    with fp4.probe_alphas() as p_eager:
+        want = train_step(model, params, 1)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert set(p_compiled) == set(p_eager) and len(p_eager) == 6 * 4 * 2  # 6 operands, 4 layers, 2 blocks
+    assert all(torch.equal(p_compiled[k], p_eager[k]) for k in p_eager)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4"])
+def test_packed_wgrad_x_equals_quantizing_x_in_backward(name, monkeypatch):
+    """Forward saves Wgrad's Q(x) packed; quantizing x in backward instead gives the same bits
+    (also with SR on x: the same seed)."""
+    r = fp4.make_recipe(name)
+    r = fp4.replace(r, wgrad=fp4.replace(r.wgrad, sr_b=True))
+    torch.manual_seed(8)
+    x, w, wg = torch.randn(40, 64), torch.randn(32, 64), torch.randn(3, 32, 64)
+    counts = torch.tensor([7, 0, 33])
+
+    def run():
+        outs = []
+        for weight, c in ((w, None), (wg, counts)):
+            xi, wi = x.clone().requires_grad_(), weight.clone().requires_grad_()
+            torch.manual_seed(9)
+            y = fp4.fp4_linear(xi, wi, r, counts=c)
+            y.backward(torch.ones_like(y) + y.detach())
+            outs += [y.detach(), xi.grad, wi.grad]
+        return outs
+
+    packed = run()
+    monkeypatch.setattr(fp4, "_packs_wgrad_x", lambda recipe, save_x: False)
+    unpacked = run()
+    assert all(torch.equal(a, b) for a, b in zip(packed, unpacked))
+
+
+def saved_bytes(layer, x):
+    """Bytes that a forward of `layer` saves for backward, its parameters left out."""
+    params = {p.data_ptr() for p in layer.parameters()}
+    sizes = []
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            sizes.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = layer(x)
+    y.sum().backward()  # what was saved also works
+    return sum(sizes)
+
+
+def test_fp4_linear_saves_packed_x_not_x():
+    T, d = 1024, 256
+    x = torch.randn(T, d, dtype=torch.bfloat16, requires_grad=True)
+    bf16 = saved_bytes(nn.Linear(d, d, bias=False, dtype=torch.bfloat16), x)
+    ufp4 = saved_bytes(fp4.FP4Linear(d, d, bias=False, recipe="ufp4"), x)
+    assert bf16 == T * d * 2
+    # 4-bit codes + one fp32 scale per 16 tokens (0.75 bytes per element) + the int64 SR seed
+    assert ufp4 == T * d // 2 + T * d // 16 * 4 + 8
+    assert ufp4 < 0.4 * bf16
 
 
 def test_cli_prints_tables():

@@ -319,6 +319,46 @@ def test_sr_seeds_and_consistency():
 
 
 # -----------------------------------------------------------------------------
+# The quantized layer with its quantizers dispatched to the kernels (what CUDA runs)
+
+def _layer_grads(recipe, counts=None):
+    """y, dx, dW of fp4.fp4_linear (dense, or grouped with counts) on fixed data."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(40, 64, generator=g).requires_grad_()
+    w_shape = (32, 64) if counts is None else (len(counts), 32, 64)
+    w = torch.randn(*w_shape, generator=g).requires_grad_()
+    torch.manual_seed(17)
+    y = fp4.fp4_linear(x, w, recipe, counts=counts)
+    y.backward(torch.randn(y.shape, generator=g))
+    return y.detach(), x.grad, w.grad
+
+
+@pytest.mark.parametrize("name", ["ufp4", "nvfp4"])
+def test_fp4_linear_through_kernels(name, monkeypatch):
+    """Every quantize / fake_quant / dequantize of the layer through kernels.py, Wgrad's x saved
+    packed by kernels.quantize and dequantized by kernels.dequantize: the reference's bits
+    (RTNE); with SR on x and dy, packed == quantizing x in backward (the same kernel seed)."""
+    rtne = fp4.make_recipe(name, sr_dy=False)
+    sr = fp4.replace(fp4.RECIPES[name], wgrad=fp4.replace(fp4.RECIPES[name].wgrad, sr_b=True))
+    for counts in (None, torch.tensor([7, 0, 33])):
+        want = _layer_grads(rtne, counts)
+        monkeypatch.setattr(fp4, "_use_triton", lambda t: True)
+        got = _layer_grads(rtne, counts)
+        for a, b, nm in zip(got, want, ("y", "dx", "dW")):
+            if nm == "dx" and counts is not None:  # same operands, but the kernel's Q(W) along
+                # dim 1 is contiguous, the reference's a transposed view: the CPU grouped GEMM
+                # sums in another order for each layout
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            else:
+                assert_same(a, b, f"{name} counts={counts} {nm}")
+        packed = _layer_grads(sr, counts)
+        monkeypatch.setattr(fp4, "_packs_wgrad_x", lambda recipe, save_x: False)
+        for a, b, nm in zip(_layer_grads(sr, counts), packed, ("y", "dx", "dW")):
+            assert_same(a, b, f"{name} SR counts={counts} {nm}")
+        monkeypatch.undo()
+
+
+# -----------------------------------------------------------------------------
 # FP4 GEMM over packed operands
 
 def _bf16_operand(q):

@@ -1,0 +1,245 @@
+"""GPU check of the FP4 layers under torch.compile (issue 6), about 1-2 minutes on one H200:
+
+    python scripts/gpu_check_compile.py
+
+1. graph breaks (torch._dynamo.explain) of a converted dense GPT and MoE GPT: none may come from
+   the FP4 layers (the MoE router's bincount in model.py is reported, not failed)
+2. compiled (default inductor) vs eager ufp4 GPT, bf16 autocast: same loss on the same weights
+   within bf16 tolerance, 5 AdamW steps of both stay close, no recompile after warm-up (also
+   with probe_alphas() switched on for one step: the probe works under compile)
+3. FP4Linear with the triton backend (Wgrad's x saved packed by kernels.quantize) == the torch
+   backend, bit for bit (RTNE); packed == quantizing x in backward (SR); bytes saved for backward
+   vs bf16 nn.Linear
+4. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled
+
+Prints PASS / FAIL lines and ends with 'ALL PASS' (exit 0) or 'FAILED: n' (exit 1);
+'skip' and exit 0 without CUDA. `--cpu` runs the same code at toy sizes on the CPU (a smoke test
+of this script: the triton backend is then the torch one)."""
+import copy
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+CPU = "--cpu" in sys.argv
+if not torch.cuda.is_available() and not CPU:
+    print("skip: no CUDA device")
+    sys.exit(0)
+
+import torch._dynamo  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+import fp4  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+DEV = "cpu" if CPU else "cuda"
+FAILS = []
+CFG = dict(vocab_size=8192, block_size=256, n_layer=4, n_head=8, n_embd=512)
+BATCH = 32
+LIN = (8192, 2048, 2048)  # FP4Linear check: tokens, in, out
+if CPU:
+    CFG, BATCH, LIN = dict(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=64), 4, (256, 64, 64)
+
+
+def autocast():
+    return torch.autocast(DEV, dtype=torch.bfloat16)
+
+
+def sync():
+    if not CPU:
+        torch.cuda.synchronize()
+
+
+def report(ok, name, detail=""):
+    print(f"{'PASS' if ok else 'FAIL'}  {name}{'  ' + detail if detail else ''}", flush=True)
+    if not ok:
+        FAILS.append(name)
+
+
+def check(name, fn):
+    t = time.time()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 -- report and go on
+        traceback.print_exc(limit=4)
+        report(False, name, f"{type(e).__name__}: {str(e)[:300]}")
+    print(f"      ({time.time() - t:.1f}s)", flush=True)
+
+
+def gpt(recipe, **kw):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(**CFG, **kw)).to(DEV)
+    return fp4.convert(m, recipe) if recipe != "bf16" else m
+
+
+def batch(seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    idx = torch.randint(0, CFG["vocab_size"], (BATCH, CFG["block_size"] + 1), generator=g, device=DEV)
+    return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+
+
+def loss_of(model, x, y, seed):
+    torch.manual_seed(seed)  # the SR seeds
+    with autocast():
+        return model(x, y)[1]
+
+
+def breaks():
+    for name, kw in (("dense", {}), ("moe", dict(n_expert=8, top_k=2))):
+        torch._dynamo.reset()
+        m = gpt("ufp4", **kw)
+        x, y = batch()
+        with autocast():
+            ex = torch._dynamo.explain(m)(x, y)
+        reasons = [str(b.reason).split("\n")[0][:160] for b in ex.break_reasons]
+        ours = [r for r in reasons if "fp4" in r.lower() or "nanofp4" in r.lower()]
+        report(not ours, f"explain {name} ufp4 GPT: no graph break from the FP4 layers",
+               f"{ex.graph_break_count} breaks in all" + (f"; other causes: {sorted(set(reasons))}"
+                                                          if reasons else ""))
+    torch._dynamo.reset()
+
+
+def compiled_vs_eager():
+    torch._dynamo.reset()
+    counters.clear()
+    eager = gpt("ufp4")
+    comp_model = copy.deepcopy(eager)
+    comp = torch.compile(comp_model)
+    x, y = batch()
+    with torch.no_grad():
+        le, lc = loss_of(eager, x, y, 0).item(), loss_of(comp, x, y, 0).item()
+    rel = abs(le - lc) / abs(le)
+    report(rel < 1e-2, "compiled vs eager ufp4: same loss on the same weights", f"{le:.5f} vs {lc:.5f} (rel {rel:.1e})")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, comp_model)]
+    losses = ([], [])
+    for step in range(6):
+        with torch._dynamo.config.patch(error_on_recompile=step >= 2):  # step 0 (and 1) warm up
+            probe = fp4.probe_alphas() if step == 3 else None
+            with probe if probe else torch.enable_grad() as p:
+                for i, (m, opt) in enumerate(((eager, opts[0]), (comp, opts[1]))):
+                    loss = loss_of(m, x, y, 100 + step)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    losses[i].append(loss.item())
+            if probe:
+                n_ops = len(fp4.probe_summary(p))
+                report(n_ops == 6, "probe_alphas() under compile: all six operands recorded, no recompile",
+                       f"{len(p)} (layer, operand) records")
+    worst = max(abs(a - b) / abs(a) for a, b in zip(*losses))
+    report(worst < 2e-2, "compiled vs eager ufp4: 6 AdamW steps within bf16 tolerance",
+           "eager " + " ".join(f"{v:.4f}" for v in losses[0]) + " | compiled " +
+           " ".join(f"{v:.4f}" for v in losses[1]) + f" (worst rel {worst:.1e})")
+    report(True, "no recompile after warm-up (error_on_recompile from step 2)",
+           f"graphs {counters['stats'].get('unique_graphs')}")
+    torch._dynamo.reset()
+
+
+def triton_vs_torch():
+    T, IN, OUT = LIN
+    g = torch.Generator(device=DEV).manual_seed(1)
+    x = torch.randn(T, IN, device=DEV, generator=g, dtype=torch.bfloat16)
+    dy = torch.randn(T, OUT, device=DEV, generator=g, dtype=torch.bfloat16)
+    w0 = torch.randn(OUT, IN, device=DEV, generator=g) * 0.02
+
+    def run(recipe, backend, packed=True):
+        fp4.set_backend(backend)
+        saved = fp4._packs_wgrad_x
+        if not packed:
+            fp4._packs_wgrad_x = lambda r, s: False
+        try:
+            xi, w = x.clone().requires_grad_(), w0.clone().requires_grad_()
+            torch.manual_seed(3)
+            with autocast():
+                out = fp4.fp4_linear(xi, w, recipe)
+            out.backward(dy)
+            return out.detach(), xi.grad, w.grad
+        finally:
+            fp4._packs_wgrad_x = saved
+            fp4.set_backend("auto")
+
+    for name in ("ufp4", "nvfp4", "mxfp4"):
+        r = fp4.make_recipe(name, sr_dy=False)
+        a, b = run(r, "triton"), run(r, "torch")
+        same = [torch.equal(u, v) for u, v in zip(a, b)]
+        report(all(same), f"FP4Linear {name} RTNE: triton (packed Wgrad x) == torch, y dx dW", str(same))
+        r = fp4.RECIPES[name]
+        a, b = run(r, "triton"), run(r, "triton", packed=False)
+        same = [torch.equal(u, v) for u, v in zip(a, b)]
+        report(all(same), f"FP4Linear {name} SR dy, triton: packed Wgrad x == quantizing x in backward", str(same))
+
+    def saved_bytes(layer):
+        params = {p.data_ptr() for p in layer.parameters()}
+        sizes = []
+
+        def pack(t):
+            if t.data_ptr() not in params:
+                sizes.append(t.numel() * t.element_size())
+            return t
+        xi = x.clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with autocast():
+                out = layer(xi)
+        out.backward(dy)
+        return sum(sizes)
+    lin = torch.nn.Linear(IN, OUT, bias=False, device=DEV)
+    b16 = saved_bytes(lin)
+    q = saved_bytes(fp4.FP4Linear(IN, OUT, bias=False, recipe="ufp4", device=DEV))
+    report(q < 0.5 * b16, "FP4Linear ufp4 saves packed x: bytes saved for backward vs bf16 nn.Linear",
+           f"{q / 2**20:.1f} MiB vs {b16 / 2**20:.1f} MiB ({q / b16:.2f}x)")
+
+
+def speed_table():
+    rows = []
+    x, y = batch()
+    for recipe in ("bf16", "ufp4"):
+        for mode in ("eager", "compiled"):
+            torch._dynamo.reset()
+            m = gpt(recipe)
+            model = torch.compile(m) if mode == "compiled" else m
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+            for i in range(13):
+                if i == 3:
+                    sync()
+                    if not CPU:
+                        torch.cuda.reset_peak_memory_stats()
+                    t = time.time()
+                loss = loss_of(model, x, y, i)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            sync()
+            dt = (time.time() - t) / 10
+            rows.append((recipe, mode, dt * 1e3, BATCH * CFG["block_size"] / dt,
+                         1.0 if CPU else torch.cuda.max_memory_allocated() / 2**20))
+            del m, model, opt
+            if not CPU:
+                torch.cuda.empty_cache()
+    base = {mode: (tps, mem) for r, mode, _, tps, mem in rows if r == "bf16"}
+    print(f"\n{'recipe':7s} {'mode':9s} {'ms/step':>8s} {'tokens/s':>10s} {'vs bf16':>8s} {'peak MiB':>9s} {'vs bf16':>8s}")
+    for r, mode, ms, tps, mem in rows:
+        print(f"{r:7s} {mode:9s} {ms:8.1f} {tps:10.0f} {tps / base[mode][0]:8.2f} {mem:9.0f} {mem / base[mode][1]:8.2f}")
+    print(f"(GPT {CFG['n_layer']} x {CFG['n_embd']}, {BATCH} x {CFG['block_size']} tokens per step, AdamW, bf16 autocast)")
+    torch._dynamo.reset()
+
+
+def main():
+    t0 = time.time()
+    print(f"{'CPU smoke run' if CPU else torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
+          f"{__import__('triton').__version__}", flush=True)
+    check("graph breaks", breaks)
+    check("compiled vs eager", compiled_vs_eager)
+    check("triton vs torch backend", triton_vs_torch)
+    check("speed table", speed_table)
+    print(f"\n{'ALL PASS' if not FAILS else 'FAILED: ' + str(len(FAILS))} in {time.time() - t0:.0f}s")
+    for f in FAILS:
+        print(f"  FAIL {f}")
+    sys.exit(1 if FAILS else 0)
+
+
+if __name__ == "__main__":
+    main()
