@@ -1,0 +1,101 @@
+"""Where the time of one training step goes (issue 6): GEMMs vs FP4 quantization vs the rest.
+
+    python scripts/profile_step.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 [--compile]
+
+Builds the config's model (random tokens, no data needed), runs warm-up steps, then profiles 3
+forward+backward+AdamW steps with torch.profiler and sums the CUDA kernel time per category:
+GEMM (cuBLAS/CUTLASS/grouped mm), quantize (kernels.py's Triton quantizers, dequantize), and
+other (attention, norms, optimizer, inductor's fused kernels...). Prints a table per recipe and
+the top kernels."""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fp4  # noqa: E402
+import train  # noqa: E402
+from model import GPT  # noqa: E402
+
+GEMM = ("gemm", "cutlass", "nvjet", "sm90", "xmma", "grouped_mm", "cublas")
+QUANT = ("_quant_kernel", "_amax_kernel", "_dequant_kernel", "_fp4_mm_kernel")
+
+
+def category(name):
+    n = name.lower()
+    if any(k in name for k in QUANT):
+        return "quantize"
+    if any(k in n for k in GEMM):
+        return "gemm"
+    return "other"
+
+
+def profile(cfg, recipe, compile_, steps=3, warmup=4):
+    torch.manual_seed(0)
+    model = fp4.convert(GPT(train.model_config(cfg, 50304)), recipe).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    run = torch.compile(model) if compile_ else model
+    B, T = cfg["batch_size"], cfg["block_size"]
+    x = torch.randint(0, 50257, (B, T), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = run(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.time()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    wall = (time.time() - t0) / steps
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per = {"gemm": 0.0, "quantize": 0.0, "other": 0.0}
+    kernels = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t <= 0 or e.key.startswith("ProfilerStep"):
+            continue
+        per[category(e.key)] += t / steps / 1000
+        kernels[e.key] = kernels.get(e.key, 0) + t / steps / 1000
+    return wall * 1000, per, sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config")
+    p.add_argument("--recipes", default="bf16,ufp4")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--batch_size", type=int, default=0, help="micro-batch (default: the config's)")
+    args = p.parse_args()
+    cfg = train.get_config([args.config])
+    if args.batch_size:
+        cfg["batch_size"] = args.batch_size
+    rows = []
+    for r in args.recipes.split(","):
+        wall, per, top = profile(cfg, r, args.compile)
+        rows.append((r, wall, per))
+        print(f"\n{r}: top kernels (ms per step)")
+        for name, t in top:
+            print(f"  {t:8.2f}  [{category(name):8s}] {name[:110]}")
+    tokens = cfg["batch_size"] * cfg["block_size"]
+    print(f"\n{args.config}, {tokens} tokens per step, compile={args.compile}, "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| recipe | wall ms/step | GEMM ms | quantize ms | other ms | kernel sum ms |")
+    print("|---|---|---|---|---|---|")
+    for r, wall, per in rows:
+        print(f"| {r} | {wall:.1f} | {per['gemm']:.1f} | {per['quantize']:.1f} | {per['other']:.1f} | "
+              f"{sum(per.values()):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
