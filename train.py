@@ -691,9 +691,22 @@ def main(argv=None):
             dist.destroy_process_group()
         torch.set_flush_denormal(False)  # torch's default: leave the process as we found it
 
+def _exit(code):
+    """Under torchrun, leave without finalizing the interpreter: DDP keeps the gloo process group
+    alive past destroy_process_group(), and a gloo worker thread that frees a finished
+    collective's tensors during interpreter shutdown is ended by CPython, which aborts the rank
+    ("terminate called without an active exception") after a run that succeeded. main() has
+    closed and fsynced everything it wrote."""
+    if "RANK" in os.environ:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
 if __name__ == "__main__":
     try:
         main()
     except (ConfigError, CheckpointError, NonFiniteError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        _exit(1)
+    _exit(0)

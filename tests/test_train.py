@@ -82,8 +82,7 @@ def test_repo_configs_parse():
               if f.endswith(".py") and not f.startswith("_")]
     for name in names:
         c = train.get_config([os.path.join(ROOT, "configs", name)])
-        assert c["recipe"] in name or name in ("shakespeare_char_gpt.py", "gpt_ablate.py",
-                                               "moe_ablate.py"), name
+        assert c["recipe"] in name or "ablate" in name or name == "shakespeare_char_gpt.py", name
     # the ablation configs differ from each other only in their recipe line
     for fam in ("gpt", "moe", "gpu/gpt2_small", "gpu/moe_gpt2_small"):
         texts = {r: open(os.path.join(ROOT, "configs", f"{fam}_{r}.py")).read().splitlines()
@@ -210,7 +209,7 @@ def _wait_ddp(procs, timeout=300):
     except subprocess.TimeoutExpired:
         _kill_ddp(procs)
         raise
-    assert all(p.returncode == 0 for p in procs), outs
+    assert [p.returncode for p in procs] == [0, 0], outs
     return outs
 
 DDP_KW = dict(router="sigmoid", aux_loss_weight=0.0, router_bias_rate=0.01, **MOE)
@@ -249,30 +248,29 @@ def _logged_after(out, k):
 def test_ddp_kill_9_resumes_on_two_and_on_one_process(ds, tmp_path, monkeypatch, capsys):
     """kill -9 of a whole 2-process job after a checkpoint; resuming on 2 processes and on 1
     (batch 2B, GlobalBatchLoader: same windows) gives the losses of an uninterrupted run.
-    This failed once in about ten runs of the suite (2026-11-30, cause not captured; issue 8
-    notes it): a failed first attempt is printed in full, then the scenario runs once more."""
-    try:
-        _kill_and_resume(ds, tmp_path / "first", monkeypatch, capsys)
-    except AssertionError as e:
-        print(f"FLAKE? first attempt of the DDP kill/resume test failed: {e!r}", file=sys.stderr)
-        _kill_and_resume(ds, tmp_path / "second", monkeypatch, capsys)
-
-def _kill_and_resume(ds, tmp_path, monkeypatch, capsys):
-    tmp_path.mkdir()
+    (Issue 8: this once failed in about ten suite runs. The cause was a rank of a job that had
+    finished well dying of SIGABRT at interpreter exit, see tests/train_helpers.py; the losses
+    were never at fault: resuming at any checkpoint from iter 3 to 18 matches within 3e-7.)"""
     kw = dict(batch_size=4, gradient_accumulation_steps=2, eval_interval=3, eval_iters=1,
               lr_decay_iters=40, **DDP_KW)
     killed = tmp_path / "killed"
     procs = _launch_ddp(ds, killed, max_iters=100000, **kw)
+    k, deadline = None, time.time() + 120
+
+    def running():
+        return time.time() < deadline and all(p.poll() is None for p in procs)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not (killed / "ckpt.pt").exists():
+        while running() and not (killed / "ckpt.pt").exists():
             time.sleep(0.02)
-        k = train.load_checkpoint(str(killed / "ckpt.pt"))[0]["iter_num"]
-        while time.time() < deadline and not _logged_after(killed, k):
-            time.sleep(0.02)   # the kill lands after the checkpoint, in a later iteration
+        if (killed / "ckpt.pt").exists():
+            k = train.load_checkpoint(str(killed / "ckpt.pt"))[0]["iter_num"]
+            while running() and not _logged_after(killed, k):
+                time.sleep(0.02)   # the kill lands after the checkpoint, in a later iteration
     finally:
         _kill_ddp(procs)
-    assert all(p.returncode == -signal.SIGKILL for p in procs)
+    outs = [p.stdout.read() for p in procs]
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2, outs   # both ran until killed
+    assert k is not None and _logged_after(killed, k), (k, outs)   # ... after a checkpoint
     n = train.load_checkpoint(str(killed / "ckpt.pt"))[0]["iter_num"] + 3
     for name in ("two", "one"):
         shutil.copytree(killed, tmp_path / name)
