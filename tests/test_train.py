@@ -292,6 +292,45 @@ def test_ddp_kill_9_resumes_on_two_and_on_one_process(ds, tmp_path, monkeypatch,
         for key in ca:
             torch.testing.assert_close(ca[key], cb[key], atol=1e-5, rtol=1e-4)
 
+def test_one_process_checkpoint_resumes_on_two(ds, tmp_path, monkeypatch, capsys):
+    """The other direction: a 1-process checkpoint continued by 2 processes. Rank 0 keeps the
+    checkpoint's data and RNG streams, rank 1 starts new ones (said in a note), so the losses
+    follow the uninterrupted run closely but not exactly; the iterations continue where they
+    stopped and the new checkpoint holds both ranks' streams."""
+    kw = dict(eval_interval=3, eval_iters=1, lr_decay_iters=40, **DDP_KW)
+    monkeypatch.setattr("data.loader.BinLoader", GlobalBatchLoader)
+    run(ds, tmp_path / "ref", max_iters=9, batch_size=8, **kw)
+    run(ds, tmp_path / "two", max_iters=6, batch_size=8, **kw)
+    outs = _wait_ddp(_launch_ddp(ds, tmp_path / "two", max_iters=9, init_from="resume",
+                                 batch_size=4, gradient_accumulation_steps=2, **kw))
+    assert "written by 1 process(es), now 2" in outs[0]
+    ref, got = read_log(str(tmp_path / "ref")), read_log(str(tmp_path / "two"))
+    assert [r["iter"] for r in got] == list(range(9))
+    assert [r["loss"] for r in got[:6]] == [r["loss"] for r in ref[:6]]   # the 1-process part
+    assert all(abs(a["loss"] - b["loss"]) < 0.5 for a, b in zip(ref[6:], got[6:])), (ref, got)
+    ck = torch.load(tmp_path / "two" / "ckpt.pt", weights_only=False)
+    assert ck["iter_num"] == 9 and ck["world_size"] == 2 and len(ck["rng"]) == len(ck["loader"]) == 2
+
+def test_ddp_collective_timeout_ends_a_hung_job(ds, tmp_path):
+    """A rank that stops answering (SIGSTOP: a hung host) must not hang the others forever: the
+    next collective times out after dist_timeout_s and rank 0 exits with an error."""
+    procs = _launch_ddp(ds, tmp_path, max_iters=100000, gradient_accumulation_steps=2,
+                        dist_timeout_s=5)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (
+                (tmp_path / "log.jsonl").exists() and _logged_after(tmp_path, 1)):
+            time.sleep(0.05)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        t = time.time()
+        out0 = procs[0].communicate(timeout=60)[0]
+        waited = time.time() - t
+    finally:
+        os.kill(procs[1].pid, signal.SIGCONT)
+        _kill_ddp(procs)
+    assert procs[0].returncode not in (0, None), out0
+    assert waited < 60 and "timed out" in out0.lower(), out0[-3000:]
+
 @pytest.mark.parametrize("fail_rank", [0, 1])
 def test_ddp_failing_rank_ends_the_job_with_its_error(ds, tmp_path, fail_rank):
     """An exception on one rank: both processes exit non-zero promptly (the other one does not
