@@ -120,12 +120,17 @@ def gap(curve, ref):
 
 
 def signed_gap(curve, ref):
-    """(mean L - mean L_ref) / mean L_ref over the same tail: which side, without the noise floor."""
+    """Mean of (L - L_ref) / L_ref over the same tail: which side, without the noise floor
+    (|signed_gap| <= gap)."""
     tail = _tail(curve, ref)
-    if not tail:
-        return float("nan")
-    m, r = statistics.mean(curve[i] for i in tail), statistics.mean(ref[i] for i in tail)
-    return (m - r) / r
+    return statistics.mean((curve[i] - ref[i]) / ref[i] for i in tail) if tail else float("nan")
+
+
+def val_gap(val, ref):
+    """100 (V - V_ref) / V_ref at the last eval both runs reached (a stopped run is not compared
+    with a finished one's end)."""
+    common = set(val) & set(ref)
+    return 100 * (val[max(common)] / ref[max(common)] - 1) if common else float("nan")
 
 
 def summarize(out, arms, seeds):
@@ -137,7 +142,8 @@ def summarize(out, arms, seeds):
             evals = [r for r in recs if r.get("type") == "eval"]
             tel = [r for r in recs if r.get("type") == "telemetry"]
             if train:
-                runs[arm, seed] = dict(train=train, final_val=evals[-1]["val_loss"] if evals else None,
+                runs[arm, seed] = dict(train=train, val={r["iter"]: r["val_loss"] for r in evals},
+                                       final_val=evals[-1]["val_loss"] if evals else None,
                                        final_train=evals[-1]["train_loss"] if evals else None,
                                        alpha=tel[-1]["alpha"] if tel else {})
     rows = []
@@ -149,8 +155,7 @@ def summarize(out, arms, seeds):
         ref = lambda s: runs["bf16", s]  # noqa: E731
         vals = [runs[arm, s]["final_val"] for s in got if runs[arm, s]["final_val"] is not None]
         trs = [runs[arm, s]["final_train"] for s in got if runs[arm, s]["final_train"] is not None]
-        val_gaps = [100 * (runs[arm, s]["final_val"] / ref(s)["final_val"] - 1) for s in paired
-                    if runs[arm, s]["final_val"] and ref(s)["final_val"]]
+        val_gaps = [val_gap(runs[arm, s]["val"], ref(s)["val"]) for s in paired]
         alphas = {}
         for s in got:
             for op, a in runs[arm, s]["alpha"].items():
@@ -175,8 +180,8 @@ def summarize(out, arms, seeds):
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(table + "\n\ngap: the paper's |L - L_bf16| / L_bf16 of the training loss, paired by "
                 "seed, averaged over the last 10 % of logged steps (per-step noise keeps it above 0); "
-                "signed gap: (mean L - mean L_bf16) / mean L_bf16 over the same steps; val gap: the "
-                "same for the final val loss; mean ± std over seeds. alpha: <Q(A), A> / ||A||^2 of "
+                "signed gap: the mean of (L - L_bf16) / L_bf16 over the same steps; val gap: the "
+                "same for the val loss at the last eval both runs reached; mean ± std over seeds. alpha: <Q(A), A> / ||A||^2 of "
                 "the Fprop operands at the last telemetry step, mean over layers (and seeds).\n")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -573,7 +573,9 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seed, nee
 def _sr_seed(recipe):
     """A fresh seed per layer call from torch's CPU generator: reproducible under
     torch.manual_seed, saved with the RNG state in checkpoints, and no GPU sync. Recipes without
-    SR draw nothing (seed 0). Drawn inside the forward op, so no Python int reaches the compiler."""
+    SR draw nothing (seed 0). Drawn inside the forward op, so no Python int reaches the compiler.
+    Layers draw in the order they run: fine for a chain of layers, but two independent FP4 layers
+    (parallel branches) could be reordered by the compiler and swap their seeds."""
     if any(g.sr_a or g.sr_b for g in (recipe.fprop, recipe.dgrad, recipe.wgrad)):
         return torch.randint(0, 2**31 - 8, (1,))
     return torch.zeros(1, dtype=torch.int64)
@@ -674,8 +676,8 @@ def fp4_linear(x, weight, recipe, counts=None, tag=""):
     return _apply(x, weight, counts, recipe_key(make_recipe(recipe)), tag)
 
 class _Quantized:
-    """The `recipe` attribute of the quantized modules, kept with the key the ops take (a
-    string attribute: torch.compile guards on it without tracing the dataclass)."""
+    """The `recipe` attribute of the quantized modules, kept with the string key the ops take
+    (the ops never see the dataclass)."""
 
     @property
     def recipe(self):
@@ -774,11 +776,11 @@ def probe_alphas():
     summed over calls); A is in the RHT basis when the GEMM uses one. Operands: fprop_x, fprop_w,
     dgrad_dy, dgrad_w, wgrad_dy, wgrad_x. No RNG is drawn, so probing leaves training unchanged."""
     global PROBE
-    PROBE = {}
+    outer, PROBE = PROBE, {}
     try:
         yield PROBE
     finally:
-        PROBE = None
+        PROBE = outer
 
 def _record_probe(key, ref, q):
     ref, q = ref.detach().float(), q.detach().float()

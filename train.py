@@ -28,6 +28,7 @@ import os
 import random
 import sys
 import time
+import traceback
 import types
 from types import SimpleNamespace
 
@@ -365,12 +366,13 @@ def telemetry_record(iter_num, summary):
     layers, and alpha per layer."""
     ops = [op for op in OPERANDS if op in summary]
     mean = lambda op, i: sum(v[i] for v in summary[op].values()) / len(summary[op])  # noqa: E731
+    num = lambda v, d: round(v, d) if math.isfinite(v) else None  # noqa: E731 (JSON: no NaN/inf)
     layers = {}
     for op in ops:
         for tag, (alpha, _) in summary[op].items():
-            layers.setdefault(tag, {})[op] = round(alpha, 6)
-    return dict(type="telemetry", iter=iter_num, alpha={op: round(mean(op, 0), 6) for op in ops},
-                sqnr_db={op: round(mean(op, 1), 3) for op in ops}, layers=layers)
+            layers.setdefault(tag, {})[op] = num(alpha, 6)
+    return dict(type="telemetry", iter=iter_num, alpha={op: num(mean(op, 0), 6) for op in ops},
+                sqnr_db={op: num(mean(op, 1), 3) for op in ops}, layers=layers)
 
 def moe_record(raw_model):
     stats = raw_model.moe_stats() if hasattr(raw_model, "moe_stats") else {}
@@ -646,7 +648,8 @@ def main(argv=None):
             if probing and alphas:
                 tel = telemetry_record(iter_num, fp4.probe_summary(alphas))
                 record(tel)
-                log(f"iter {iter_num} alpha | " + " ".join(f"{k} {v:.4f}" for k, v in tel["alpha"].items()))
+                log(f"iter {iter_num} alpha | " + " ".join(
+                    f"{k} {'-' if v is None else f'{v:.4f}'}" for k, v in tel["alpha"].items()))
             if c.dry_run:
                 log(f"dry run: one step done, loss {loss_val:.4f}; nothing written")
                 return loss_val
@@ -708,5 +711,8 @@ if __name__ == "__main__":
         main()
     except (ConfigError, CheckpointError, NonFiniteError) as e:
         print(f"error: {e}", file=sys.stderr)
+        _exit(1)
+    except Exception:   # e.g. a collective timeout: its traceback, then the same clean exit
+        traceback.print_exc()
         _exit(1)
     _exit(0)

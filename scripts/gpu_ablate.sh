@@ -8,37 +8,41 @@
 # All runs of a sitting train side by side, spread over every visible GPU (needs data/literature
 # prepared: the GPU machine has no network). After `seconds` (default 540) unfinished runs are
 # stopped; the summary then covers what was logged. Results: OUT/summary.md, summary.json,
-# loss_curves.png, env.txt and runs.tar.gz (each run's log.jsonl and stdout).
+# loss_curves.png, env.txt and runs.tar.gz (each run's log.jsonl and stdout); a MORE_SEEDS
+# sitting writes env_seeds<N>.txt and runs_seeds<N>.tar.gz beside them and redoes the summary.
 set -uo pipefail
-which=${1:?gpt or moe}; limit=${2:-540}
-OUT=${OUT:-results/ablate_$which}
+sweep_name=${1:?gpt or moe}; limit=${2:-540}
+case $sweep_name in
+    gpt) arms=paper_gpt; extra=bf16,e2m1,ufp4 ;;
+    moe) arms=paper_moe; extra=bf16,e2m1,ufp4 ;;
+    *) echo "unknown sweep $sweep_name: gpt or moe"; exit 2 ;;
+esac
+OUT=${OUT:-results/ablate_$sweep_name}
+sitting=${MORE_SEEDS:+_seeds${MORE_SEEDS//,/}}   # a later sitting writes beside the first one's files
 mkdir -p "$OUT" out
 export PYTHONUNBUFFERED=1
-python3 - <<'PY' | tee "$OUT/env.txt"
+python3 - <<'PY' | tee "$OUT/env$sitting.txt"
 import datetime, torch, triton
 print(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
 print(f"gpus {torch.cuda.device_count()} x {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
 PY
 gpus=$(python3 -c "import torch; print(','.join(map(str, range(torch.cuda.device_count()))))")
-case $which in
-    gpt) arms=paper_gpt; extra=bf16,e2m1,ufp4 ;;
-    moe) arms=paper_moe; extra=bf16,e2m1,ufp4 ;;
-    *) echo "unknown sweep $which: gpt or moe"; exit 2 ;;
-esac
-sweep=out/ablate_$which
-cmd="python3 ablate.py configs/gpu/ablate_$which.py --out=$sweep --gpus=$gpus"
-echo "$cmd --arms=$arms --seeds=0 --parallel=99 ; $cmd --arms=$extra --seeds=1 ..." | tee -a "$OUT/env.txt"
+sweep=out/ablate_$sweep_name
+cmd="python3 ablate.py configs/gpu/ablate_$sweep_name.py --out=$sweep --gpus=$gpus"
 t0=$(date +%s)
-# seed 0 of every arm and seed 1 of the three main arms, all at once
 if [ -n "${MORE_SEEDS:-}" ]; then  # a later sitting: more seeds of the three main arms only
-    timeout -s INT "$limit" $cmd --arms=$extra --seeds="$MORE_SEEDS" --parallel=99
-else
-    timeout -s INT "$limit" bash -c "$cmd --arms=$arms --seeds=0 --parallel=99 & $cmd --arms=$extra --seeds=1 --parallel=99 & wait"
+    echo "$cmd --arms=$extra --seeds=$MORE_SEEDS --parallel=99" | tee -a "$OUT/env$sitting.txt"
+    timeout --kill-after=30 "$limit" $cmd --arms=$extra --seeds="$MORE_SEEDS" --parallel=99
+else  # seed 0 of every arm and seed 1 of the three main arms, all at once
+    echo "$cmd --arms=$arms --seeds=0 --parallel=99 & $cmd --arms=$extra --seeds=1 --parallel=99" | tee -a "$OUT/env.txt"
+    timeout --kill-after=30 "$limit" $cmd --arms=$arms --seeds=0 --parallel=99 & a=$!
+    timeout --kill-after=30 "$limit" $cmd --arms=$extra --seeds=1 --parallel=99 & b=$!
+    wait $a $b
 fi
-echo "sweep rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/env.txt"
-pkill -f "ablate.py configs/gpu/ablate_$which" 2>/dev/null; pkill -f "train.py configs/gpu/ablate_$which" 2>/dev/null; sleep 2
-python3 ablate.py configs/gpu/ablate_$which.py --out=$sweep --arms=$arms --seeds=0,1${MORE_SEEDS:+,$MORE_SEEDS} --report_only \
-    > "$OUT/report.txt" 2>&1
+echo "sweep rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/env$sitting.txt"
+pkill -f "train.py configs/gpu/ablate_$sweep_name.py --out_dir=$sweep/" 2>/dev/null; sleep 2  # runs a stopped sweep left
+python3 ablate.py configs/gpu/ablate_$sweep_name.py --out=$sweep --arms=$arms --seeds=0,1${MORE_SEEDS:+,$MORE_SEEDS} --report_only \
+    > "$OUT/report$sitting.txt" 2>&1
 cp $sweep/summary.md $sweep/summary.json $sweep/loss_curves.png "$OUT/" 2>/dev/null
-tar czf "$OUT/runs.tar.gz" $(cd . && ls -d $sweep/*/log.jsonl $sweep/*/stdout.txt $sweep/*/done.json 2>/dev/null)
+tar czf "$OUT/runs$sitting.tar.gz" $(ls -d $sweep/*/log.jsonl $sweep/*/stdout.txt $sweep/*/done.json 2>/dev/null)
 cat "$OUT/summary.md"

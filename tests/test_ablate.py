@@ -35,7 +35,10 @@ def test_sweep_runs_pairs_and_resumes(tmp_path):
     assert rows["bf16"]["gap_pct"][0] == 0.0
     assert rows["ufp4_no_sr"]["gap_pct"][0] > 0 and rows["ufp4_no_sr"]["seeds"] == 2
     assert rows["ufp4_no_sr"]["gap_pct"][0] >= abs(rows["ufp4_no_sr"]["signed_gap_pct"][0])
-    assert "val_gap_pct" in rows["ufp4_no_sr"]
+    vals = {(a, s): [json.loads(l)["val_loss"] for l in open(os.path.join(out, f"{a}_s{s}", "log.jsonl"))
+                     if '"eval"' in l][-1] for a in ("bf16", "ufp4_no_sr") for s in (0, 1)}
+    want = [100 * (vals["ufp4_no_sr", s] / vals["bf16", s] - 1) for s in (0, 1)]
+    assert abs(rows["ufp4_no_sr"]["val_gap_pct"][0] - sum(want) / 2) < 1e-9
     assert os.path.exists(os.path.join(out, "loss_curves.png"))
     # paired: both arms of a seed start from the same init and data, so their first losses agree
     first = {}
@@ -56,6 +59,14 @@ def test_gap_is_mean_relative_difference_over_the_tail():
     # noise around the reference: the paper's gap stays positive, the signed gap does not
     noisy = {i: 2.0 + (0.1 if i % 2 else -0.1) for i in range(100)}
     assert abs(ablate.gap(noisy, ref) - 0.05) < 1e-12 and abs(ablate.signed_gap(noisy, ref)) < 1e-12
+    below = {i: 1.9 for i in range(100)}
+    assert abs(ablate.signed_gap(below, ref) + 0.05) < 1e-12 and abs(ablate.gap(below, ref) - 0.05) < 1e-12
+
+
+def test_val_gap_compares_the_last_eval_both_runs_reached():
+    ref = {0: 4.0, 500: 3.0, 1000: 2.0}
+    stopped = {0: 4.0, 500: 3.3}   # a run stopped early is not compared with the finished end
+    assert abs(ablate.val_gap(stopped, ref) - 10.0) < 1e-9
 
 
 def test_unknown_arm_is_a_clear_error():

@@ -307,7 +307,8 @@ def test_one_process_checkpoint_resumes_on_two(ds, tmp_path, monkeypatch, capsys
     ref, got = read_log(str(tmp_path / "ref")), read_log(str(tmp_path / "two"))
     assert [r["iter"] for r in got] == list(range(9))
     assert [r["loss"] for r in got[:6]] == [r["loss"] for r in ref[:6]]   # the 1-process part
-    assert all(abs(a["loss"] - b["loss"]) < 0.5 for a, b in zip(ref[6:], got[6:])), (ref, got)
+    assert all(abs(a["loss"] - b["loss"]) < 0.05 for a, b in zip(ref[6:], got[6:])), (ref, got)
+    assert got[6]["loss"] < ref[0]["loss"] - 0.2   # the trained weights were loaded, not fresh ones
     ck = torch.load(tmp_path / "two" / "ckpt.pt", weights_only=False)
     assert ck["iter_num"] == 9 and ck["world_size"] == 2 and len(ck["rng"]) == len(ck["loader"]) == 2
 
@@ -329,7 +330,7 @@ def test_ddp_collective_timeout_ends_a_hung_job(ds, tmp_path):
         os.kill(procs[1].pid, signal.SIGCONT)
         _kill_ddp(procs)
     assert procs[0].returncode not in (0, None), out0
-    assert waited < 60 and "timed out" in out0.lower(), out0[-3000:]
+    assert waited < 30 and "timed out" in out0.lower(), (waited, out0[-3000:])
 
 @pytest.mark.parametrize("fail_rank", [0, 1])
 def test_ddp_failing_rank_ends_the_job_with_its_error(ds, tmp_path, fail_rank):
