@@ -533,6 +533,9 @@ def _packs_wgrad_x(recipe, save_x):
     """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when Wgrad quantizes it."""
     return bool(save_x and recipe.wgrad.fmt)
 
+# One SR seed per layer call, offset per operand: Fprop x +0, W +1; Dgrad dy +2, W +3; Wgrad dy +4,
+# x +5 (Wgrad's x is quantized in _forward when it is saved packed, else in _backward).
+
 def _forward(x, weight, counts, recipe, dtype, tag, seed, save_x):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With save_x, also Wgrad's Q(x) as a QTensor
     (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
