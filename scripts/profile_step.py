@@ -9,11 +9,13 @@ GEMM (cuBLAS/CUTLASS/grouped mm, the packed FP4 GEMM), attention (cuDNN/flash SD
 kernels...). (Before 2026-11-30 evening the attention kernels were counted as GEMM.) Prints a table per recipe and
 the top kernels."""
 import argparse
+import datetime
 import os
 import sys
 import time
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fp4  # noqa: E402
@@ -92,8 +94,9 @@ def main():
         for name, t in top:
             print(f"  {t:8.2f}  [{category(name):8s}] {name[:110]}")
     tokens = cfg["batch_size"] * cfg["block_size"]
-    print(f"\n{args.config}, {tokens} tokens per step, compile={args.compile}, "
-          f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"\n`python {' '.join(sys.argv)}` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
+          f"UTC: {tokens} tokens per step, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {triton.__version__}")
     print("| recipe | wall ms/step | GEMM ms | attention ms | quantize ms | other ms | kernel sum ms |")
     print("|---|---|---|---|---|---|---|")
     for r, wall, per in rows:
