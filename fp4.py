@@ -220,7 +220,8 @@ def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
 
 def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
     """Quantize x to a block-scaled 4-bit format along `dim`. rht: None or the RHT size (16...);
-    seed: makes stochastic rounding reproducible (None draws from torch's global generator)."""
+    seed: makes stochastic rounding reproducible (None draws from torch's global generator); an
+    int, or a one-element integer tensor (the Triton path reads it on the GPU without a sync)."""
     fmt = get_format(fmt)
     dim = dim % x.dim()
     _check_blockable(x, fmt, dim, rht)
@@ -533,55 +534,60 @@ def _packs_wgrad_x(recipe, save_x):
     """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when Wgrad quantizes it."""
     return bool(save_x and recipe.wgrad.fmt)
 
-# One SR seed per layer call, offset per operand: Fprop x +0, W +1; Dgrad dy +2, W +3; Wgrad dy +4,
-# x +5 (Wgrad's x is quantized in _forward when it is saved packed, else in _backward).
+# Six SR seeds per layer call, one per operand: Fprop x [0], W [1]; Dgrad dy [2], W [3]; Wgrad dy [4],
+# x [5] (Wgrad's x is quantized in _forward when it is saved packed, else in _backward).
 
-def _forward(x, weight, counts, recipe, dtype, tag, seed, save_x):
+def _forward(x, weight, counts, recipe, dtype, tag, seeds, save_x):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With save_x, also Wgrad's Q(x) as a QTensor
     (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
     f, g = recipe.fprop, recipe.wgrad
-    xq = _operand(x, f, recipe, -1, f.sr_a, seed, dtype=dtype, probe=(tag, "fprop_x"))
-    wq = _operand(weight, f, recipe, -1, f.sr_b, seed + 1, weight=True, dtype=dtype,
+    xq = _operand(x, f, recipe, -1, f.sr_a, seeds[0], dtype=dtype, probe=(tag, "fprop_x"))
+    wq = _operand(weight, f, recipe, -1, f.sr_b, seeds[1], weight=True, dtype=dtype,
                   probe=(tag, "fprop_w"))
     y = _mm(xq, wq.transpose(-1, -2), _group_ends(counts))
     xw = None
     if _packs_wgrad_x(recipe, save_x):
-        xw = _operand(_wgrad_rows(x, counts, recipe)[0], g, recipe, 0, g.sr_b, seed + 5,
+        xw = _operand(_wgrad_rows(x, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
                       dtype=_wgrad_dtype(x, dtype), probe=(tag, "wgrad_x"), packed=True)
     return y, xw
 
-def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seed, need_dx, need_dw):
+def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as the QTensor that forward saved."""
     d, g = recipe.dgrad, recipe.wgrad
     dy = dy.contiguous()
     dx = dw = None
     if need_dx:
-        dyq = _operand(dy, d, recipe, -1, d.sr_a, seed + 2, dtype=dtype, probe=(tag, "dgrad_dy"))
-        wq = _operand(weight, d, recipe, -2, d.sr_b, seed + 3, weight=True, dtype=dtype,
+        dyq = _operand(dy, d, recipe, -1, d.sr_a, seeds[2], dtype=dtype, probe=(tag, "dgrad_dy"))
+        wq = _operand(weight, d, recipe, -2, d.sr_b, seeds[3], weight=True, dtype=dtype,
                       probe=(tag, "dgrad_w"))
         dx = _mm(dyq, wq, _group_ends(counts)).to(x_dtype)
     if need_dw:
         wdtype = _wgrad_dtype(dy, dtype)
         dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
-        dyq = _operand(dy_pad, g, recipe, 0, g.sr_a, seed + 4, dtype=wdtype, probe=(tag, "wgrad_dy"))
+        dyq = _operand(dy_pad, g, recipe, 0, g.sr_a, seeds[4], dtype=wdtype, probe=(tag, "wgrad_dy"))
         if isinstance(x_or_q, QTensor):
             xq = dequantize(x_or_q, wdtype)
         else:
-            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], g, recipe, 0, g.sr_b, seed + 5,
+            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
                           dtype=wdtype, probe=(tag, "wgrad_x"))
         dw = _mm(dyq.t(), xq, pad_offs, fp32=True).to(weight.dtype)
     return dx, dw
 
-def _sr_seed(recipe):
-    """A fresh seed per layer call from torch's CPU generator: reproducible under
-    torch.manual_seed, saved with the RNG state in checkpoints, and no GPU sync. Recipes without
-    SR draw nothing (seed 0). Drawn inside the forward op, so no Python int reaches the compiler.
-    Layers draw in the order they run: fine for a chain of layers, but two independent FP4 layers
-    (parallel branches) could be reordered by the compiler and swap their seeds."""
-    if any(g.sr_a or g.sr_b for g in (recipe.fprop, recipe.dgrad, recipe.wgrad)):
-        return torch.randint(0, 2**31 - 8, (1,))
-    return torch.zeros(1, dtype=torch.int64)
+def _sr_seed(recipe, device):
+    """The six SR seeds of one layer call (int64 [6]), from torch's generator of the layer's
+    device: reproducible under torch.manual_seed and saved with the RNG state in checkpoints.
+    On the GPU they stay there (the kernels read them: no host sync, so a CUDA graph replays
+    fresh seeds) and take one kernel; on the CPU they are base + 0..5 from one draw. The torch
+    reference reads them with int(). Recipes without SR draw nothing (zeros). Drawn inside the
+    forward op, so no Python int reaches the compiler. Layers draw in the order they run: fine
+    for a chain of layers, but two independent FP4 layers (parallel branches) could be reordered
+    by the compiler and swap their seeds."""
+    if not any(g.sr_a or g.sr_b for g in (recipe.fprop, recipe.dgrad, recipe.wgrad)):
+        return torch.zeros(6, dtype=torch.int64, device=device)
+    if device.type == "cpu":
+        return torch.arange(6) + torch.randint(0, 2**31 - 8, (1,))
+    return torch.randint(0, 2**31 - 8, (6,), device=device)
 
 # The ops take the recipe by name: a registry of Recipe objects under their repr (every field).
 _RECIPES_BY_KEY = {}
@@ -597,11 +603,11 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
                tag: str, save_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
-    """-> y, the SR seed (int64 [1], CPU) and Wgrad's packed x: codes, scales, tensor scale
-    (empty tensors where there is none)."""
+    """-> y, the SR seeds (int64 [6], on x's device) and Wgrad's packed x: codes, scales, tensor
+    scale (empty tensors where there is none)."""
     r = _RECIPES_BY_KEY[recipe]
-    seed = _sr_seed(r)
-    y, q = _forward(x, weight, counts, r, dtype, tag, int(seed), save_x)
+    seed = _sr_seed(r, x.device)
+    y, q = _forward(x, weight, counts, r, dtype, tag, seed, save_x)
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     if q is None:
         return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
@@ -612,7 +618,7 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
 def _(x, weight, counts, recipe, dtype, tag, save_x):
     r = _RECIPES_BY_KEY[recipe]
     empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
-    y, seed = empty(x.shape[0], weight.shape[-2], dt=dtype), torch.empty(1, dtype=torch.int64)
+    y, seed = empty(x.shape[0], weight.shape[-2], dt=dtype), empty(6, dt=torch.int64)
     if not _packs_wgrad_x(r, save_x):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
@@ -633,7 +639,7 @@ def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: 
         fmt, _, rht = _qparams(r.wgrad, r, r.wgrad.sr_b)
         x_or_q = QTensor(codes, scales, s_enc if s_enc.numel() else None, fmt,
                          (2 * codes.shape[1], codes.shape[0]), x_dtype, 0, rht)
-    dx, dw = _backward(dy, weight, counts, x_or_q, r, dtype, x_dtype, tag, int(seed), need_dx,
+    dx, dw = _backward(dy, weight, counts, x_or_q, r, dtype, x_dtype, tag, seed, need_dx,
                        need_dw)
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))

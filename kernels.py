@@ -468,16 +468,18 @@ def _quant_kernel(x_ptr, M, N,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
                   R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
                   R_RHT: tl.constexpr, R_INV: tl.constexpr, R_SMASK: tl.constexpr,
-                  DO_COL: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
+                  R_SEEDPTR: tl.constexpr, DO_COL: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
                   C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
                   C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
                   C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
                   C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
-                  C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr):
+                  C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
+                  C_SEEDPTR: tl.constexpr):
     """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
     [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
     in fp4.py); fake outputs in x's layout. With both sides the second read of the tile comes
-    from L2 (one pass over HBM)."""
+    from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a pointer to an int64 seed
+    in device memory, which a replayed CUDA graph reads afresh."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2).to(tl.int64)
@@ -493,6 +495,8 @@ def _quant_kernel(x_ptr, M, N,
             s_enc = _s_enc(r_amax, r_senc, R_QMAX, pid_m + pid_n + a == 0)
         roff = 0
         if R_SR:
+            if R_SEEDPTR:
+                r_seed = tl.load(r_seed)
             rm = m0 + tl.arange(0, BM)
             roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // 8) + pid_n * (BN // 8) + tl.arange(0, BN // 8)[None, :]
         code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_NSEG,
@@ -511,6 +515,8 @@ def _quant_kernel(x_ptr, M, N,
             s_enc = _s_enc(c_amax, c_senc, C_QMAX, pid_m + pid_n + a == 0)
         roff = 0
         if C_SR:
+            if C_SEEDPTR:
+                c_seed = tl.load(c_seed)
             rn = n0 + tl.arange(0, BN)
             roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // 8) + pid_m * (BM // 8) + tl.arange(0, BM // 8)[None, :]
         code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_NSEG,
@@ -730,12 +736,21 @@ def _off_meta(p):
     return {p + "QMAX": 1.0, p + "EMAX": 0, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
             p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
             p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
-            p + "INV": 1.0, p + "G": 16, p + "SMASK": -1}
+            p + "INV": 1.0, p + "G": 16, p + "SMASK": -1, p + "SEEDPTR": False}
 
 
-def _seed(seed):
+def _seed(seed, device):
+    """An int, or a one-element integer tensor on the device (read by the kernel: no host sync,
+    and a CUDA graph replays whatever value it holds then; values in [0, 2^31 - 1) give the same
+    random bits as that int)."""
     if seed is None:  # like the reference: drawn from torch's global (CPU) generator
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    if isinstance(seed, torch.Tensor):
+        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex:
+            raise ValueError(f"a tensor seed must be one integer, got {seed.dtype} {tuple(seed.shape)}")
+        if seed.device == device:
+            return seed.reshape(()).to(torch.int64)
+        seed = int(seed)
     return int(seed) % (2**31 - 1)
 
 
@@ -831,9 +846,9 @@ def _launch(kernel, grid, args, meta):
 class _Side:
     """One orientation's request and outputs."""
 
-    def __init__(self, fmt, rounding, rht, seed):
+    def __init__(self, fmt, rounding, rht, seed, device):
         self.fmt, self.rounding, self.rht = fmt, rounding, rht
-        self.seed = _seed(seed) if rounding == "sr" else 0
+        self.seed = _seed(seed, device) if rounding == "sr" else 0
 
 
 def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
@@ -880,6 +895,7 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
                  side.s_enc if side.s_enc is not None else dummy,
                  _signs(side.rht, dev) if side.rht else dummy, side.seed]
         meta.update(_side_meta(fmt, side.rounding, side.rht, p))
+        meta[p + "SEEDPTR"] = isinstance(side.seed, torch.Tensor)
         meta["DO_ROW" if p == "R_" else "DO_COL"] = True
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
     if M * N * A:
@@ -924,7 +940,7 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
     """fp4.quantize on the GPU (or under TRITON_INTERPRET): -> fp4.QTensor."""
     fmt, dim = _prep(x, fmt, dim, rht)
     x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed)
+    side = _Side(fmt, rounding, rht, seed, x.device)
     _run(x3, None if is_col else side, side if is_col else None, True, False, None, _cfg)
     return _qtensor(x, side, dim, x.movedim(dim, -1).shape)
 
@@ -934,7 +950,7 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None,
     in x's layout (contiguous)."""
     fmt, dim = _prep(x, fmt, dim, rht)
     x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed)
+    side = _Side(fmt, rounding, rht, seed, x.device)
     _run(x3, None if is_col else side, side if is_col else None, False, True, dtype or x.dtype, _cfg)
     return side.fake.view(x.shape)
 
@@ -951,8 +967,8 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     fmt_c, _ = _prep(x, fmt_col if fmt_col is not None else fmt_r, 0,
                      rht if rht_col == "same" else rht_col)
     rc = rht if rht_col == "same" else rht_col
-    row = _Side(fmt_r, rounding, rht, seed)
-    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col)
+    row = _Side(fmt_r, rounding, rht, seed, x.device)
+    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device)
     x3 = x.contiguous().view(1, *x.shape)
     _run(x3, row, col, packed, not packed, dtype or x.dtype, _cfg)
     if packed:

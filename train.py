@@ -108,6 +108,7 @@ wsd_decay_frac = 0.2         # wsd: the last fraction of lr_decay_iters decays l
 device = "auto"              # "auto" (cuda when present), "cpu", "cuda", "cuda:1"...
 dtype = "auto"               # "auto" (bf16 autocast on GPU, fp32 on CPU), "bfloat16", "float32"
 compile = False
+compile_mode = "default"     # torch.compile mode; "reduce-overhead" replays CUDA graphs: no host cost per kernel
 seed = 1337
 peak_tflops = 989.0          # for MFU: dense bf16 peak of one H100/H200
 # robustness
@@ -131,7 +132,9 @@ CHOICES = dict(init_from=("scratch", "resume"), wandb_mode=("offline", "online",
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
                router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"),
                lr_schedule=("cosine", "wsd", "constant"), dtype=("auto", "bfloat16", "float32"),
-               nonfinite_policy=("skip", "stop"))
+               nonfinite_policy=("skip", "stop"),
+               compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
 MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "mlp",
               "norm", "pos_emb", "mlp_hidden", "tie_embeddings", "n_expert", "top_k",
               "expert_hidden", "n_shared_expert", "moe_dense_layers", "router", "aux_loss_weight",
@@ -213,6 +216,10 @@ def get_config(argv=(), defaults=None):
                 _set(cfg, defaults, key, value, arg)
     if defaults is DEFAULTS:
         make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
+        if cfg["telemetry_interval"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
+            raise ConfigError(f"telemetry_interval needs the layers' Python to run in every step, "
+                              f"which a replayed CUDA graph (compile_mode={cfg['compile_mode']!r}) "
+                              f"skips: use compile_mode='default', or telemetry_interval=0")
     return cfg
 
 def make_recipe_from(cfg):
@@ -506,7 +513,11 @@ def main(argv=None):
 
         model = raw_model
         if c.compile:
-            model = torch.compile(model)
+            model = torch.compile(model, mode=c.compile_mode)
+        graphs = c.compile and c.compile_mode in GRAPH_MODES and device_type == "cuda"
+        if graphs:  # gradients live outside the graphs' memory pool, accumulated in place: a
+            for p in raw_model.parameters():  # .grad taken from the pool would be overwritten by
+                p.grad = torch.zeros_like(p)   # the next micro-step's replay
         if ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
             model = DDP(model, device_ids=[int(c.device.split(":")[1])] if device_type == "cuda"
@@ -615,6 +626,8 @@ def main(argv=None):
                     x, y = train_loader.next_batch()
                     if rank == c.debug_fail_rank and iter_num == c.debug_fail_at_iter:
                         raise RuntimeError(f"debug_fail_at_iter: rank {rank} fails at iter {iter_num}")
+                    if graphs:  # a new replay may reuse the previous micro-step's buffers
+                        torch.compiler.cudagraph_mark_step_begin()
                     with ctx:
                         _, loss = model(x, y)
                     if c.debug_nan_at_iter <= iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
@@ -644,7 +657,7 @@ def main(argv=None):
                     raise NonFiniteError(
                         f"stopping at iter {iter_num}: {bad_in_row} non-finite step(s) in a row "
                         f"(policy {c.nonfinite_policy!r}, max_nonfinite={c.max_nonfinite}); {kept}")
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=not graphs)
             if probing and alphas:
                 tel = telemetry_record(iter_num, fp4.probe_summary(alphas))
                 record(tel)

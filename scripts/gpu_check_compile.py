@@ -10,7 +10,10 @@
 3. FP4Linear with the triton backend (Wgrad's x saved packed by kernels.quantize) == the torch
    backend, bit for bit (RTNE); packed == quantizing x in backward (SR); bytes saved for backward
    vs bf16 nn.Linear
-4. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled
+4. CUDA graphs (compile mode 'reduce-overhead'): no cudagraph skip, the same loss as eager, and
+   every replay draws fresh SR seeds (dW of two replays on the same batch differ, both close to
+   eager's)
+5. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled / CUDA graphs
 
 Prints PASS / FAIL lines and ends with 'ALL PASS' (exit 0) or 'FAILED: n' (exit 1);
 'skip' and exit 0 without CUDA. `--cpu` runs the same code at toy sizes on the CPU (a smoke test
@@ -193,14 +196,52 @@ def triton_vs_torch():
            f"{q / 2**20:.1f} MiB vs {b16 / 2**20:.1f} MiB ({q / b16:.2f}x)")
 
 
+def cuda_graphs():
+    torch._dynamo.reset()
+    counters.clear()
+    eager = gpt("ufp4")
+    graphed = torch.compile(copy.deepcopy(eager), mode="reduce-overhead")
+    x, y = batch()
+    grads = []
+    for step in range(4):
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = loss_of(graphed, x, y, 200 + step)
+        loss.backward()
+        grads.append(next(p for n, p in graphed.named_parameters() if "mlp" in n).grad.clone())
+        lc = loss.item()
+        graphed.zero_grad(set_to_none=True)
+    eager_grads = []
+    for seed in (0, 1):
+        le = loss_of(eager, x, y, seed)
+        le.backward()
+        eager_grads.append(next(p for n, p in eager.named_parameters() if "mlp" in n).grad.clone())
+        eager.zero_grad(set_to_none=True)
+    le = le.item()
+    ge = eager_grads[0]
+    skips = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
+    report(not any(v for k, v in skips.items() if "skip" in k), "CUDA graphs: no cudagraph skip",
+           str(skips))
+    rel = abs(le - lc) / abs(le)
+    report(rel < 1e-2, "CUDA graphs vs eager ufp4: same loss on the same weights", f"{le:.5f} vs {lc:.5f}")
+    cosine = lambda a, b: torch.nn.functional.cosine_similarity(a.flatten().float(),  # noqa: E731
+                                                                b.flatten().float(), 0).item()
+    cos, ref = [cosine(g, ge) for g in grads[2:]], cosine(*eager_grads)  # ref: SR noise alone
+    report(not torch.equal(grads[2], grads[3]) and min(cos) > ref - 0.02,
+           "CUDA graphs: each replay draws fresh SR seeds (dW differs between replays, as close to "
+           "eager's as two eager SR draws are to each other)",
+           f"cosine to eager {[round(c, 4) for c in cos]}, eager vs eager {ref:.4f}")
+    torch._dynamo.reset()
+
+
 def speed_table():
     rows = []
     x, y = batch()
     for recipe in ("bf16", "ufp4"):
-        for mode in ("eager", "compiled"):
+        for mode in ("eager", "compiled", "graphs"):
             torch._dynamo.reset()
             m = gpt(recipe)
-            model = torch.compile(m) if mode == "compiled" else m
+            model = {"eager": m, "compiled": torch.compile(m),
+                     "graphs": torch.compile(m, mode="reduce-overhead")}[mode]
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
             for i in range(13):
                 if i == 3:
@@ -208,6 +249,8 @@ def speed_table():
                     if not CPU:
                         torch.cuda.reset_peak_memory_stats()
                     t = time.time()
+                if mode == "graphs":
+                    torch.compiler.cudagraph_mark_step_begin()
                 loss = loss_of(model, x, y, i)
                 loss.backward()
                 opt.step()
@@ -234,6 +277,8 @@ def main():
     check("graph breaks", breaks)
     check("compiled vs eager", compiled_vs_eager)
     check("triton vs torch backend", triton_vs_torch)
+    if not CPU:
+        check("CUDA graphs", cuda_graphs)
     check("speed table", speed_table)
     print(f"\n{'ALL PASS' if not FAILS else 'FAILED: ' + str(len(FAILS))} in {time.time() - t0:.0f}s")
     for f in FAILS:

@@ -38,15 +38,17 @@ def category(name):
     return "other"
 
 
-def profile(cfg, recipe, compile_, steps=3, warmup=4):
+def profile(cfg, recipe, compile_, steps=3, warmup=4, host=False, mode="default"):
     torch.manual_seed(0)
     model = fp4.convert(GPT(train.model_config(cfg, 50304)), recipe).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    run = torch.compile(model) if compile_ else model
+    run = torch.compile(model, mode=mode) if compile_ else model
     B, T = cfg["batch_size"], cfg["block_size"]
     x = torch.randint(0, 50257, (B, T), device="cuda")
 
     def step():
+        if compile_ and mode in train.GRAPH_MODES:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             _, loss = run(x, x)
         loss.backward()
@@ -73,6 +75,18 @@ def profile(cfg, recipe, compile_, steps=3, warmup=4):
             continue
         per[category(e.key)] += t / steps / 1000
         kernels[e.key] = kernels.get(e.key, 0) + t / steps / 1000
+    if host:  # where the host time goes: Python functions (cProfile), by own time
+        import cProfile
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        pr.disable()
+        print(f"\n{recipe}: host time per step, top Python functions (cProfile, {steps} steps)")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+        pstats.Stats(pr).sort_stats("cumulative").print_stats(25)
     return wall * 1000, per, sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
 
 
@@ -81,6 +95,8 @@ def main():
     p.add_argument("config")
     p.add_argument("--recipes", default="bf16,ufp4")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile_mode", default="default", choices=train.CHOICES["compile_mode"])
+    p.add_argument("--host", action="store_true", help="also print a cProfile of the host side")
     p.add_argument("--batch_size", type=int, default=0, help="micro-batch (default: the config's)")
     args = p.parse_args()
     cfg = train.get_config([args.config])
@@ -88,7 +104,7 @@ def main():
         cfg["batch_size"] = args.batch_size
     rows = []
     for r in args.recipes.split(","):
-        wall, per, top = profile(cfg, r, args.compile)
+        wall, per, top = profile(cfg, r, args.compile, host=args.host, mode=args.compile_mode)
         rows.append((r, wall, per))
         print(f"\n{r}: top kernels (ms per step)")
         for name, t in top:

@@ -405,7 +405,7 @@ def manual_three_gemms(x, w, dy, r, seed):
 def seeded_fp4_linear(x, w, r, rng_seed=0, counts=None):
     """fp4.fp4_linear after torch.manual_seed(rng_seed), and the SR seed it draws inside."""
     torch.manual_seed(rng_seed)
-    seed = int(fp4._sr_seed(r))
+    seed = int(fp4._sr_seed(r, x.device)[0])
     torch.manual_seed(rng_seed)
     return fp4.fp4_linear(x, w, r, counts=counts), seed
 
@@ -739,8 +739,8 @@ def test_fp4_linear_saves_packed_x_not_x():
     bf16 = saved_bytes(nn.Linear(d, d, bias=False, dtype=torch.bfloat16), x)
     ufp4 = saved_bytes(fp4.FP4Linear(d, d, bias=False, recipe="ufp4"), x)
     assert bf16 == T * d * 2
-    # 4-bit codes + one fp32 scale per 16 tokens (0.75 bytes per element) + the int64 SR seed
-    assert ufp4 == T * d // 2 + T * d // 16 * 4 + 8
+    # 4-bit codes + one fp32 scale per 16 tokens (0.75 bytes per element) + six int64 SR seeds
+    assert ufp4 == T * d // 2 + T * d // 16 * 4 + 6 * 8
     assert ufp4 < 0.4 * bf16
 
 

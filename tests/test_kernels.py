@@ -318,6 +318,27 @@ def test_sr_seeds_and_consistency():
         assert_same(ca[1], cb[1])
 
 
+def test_tensor_seed_read_on_device_gives_the_int_seeds_bits():
+    # the layer ops pass seeds as device tensors (views into one int64 [6]), which a CUDA graph
+    # replays afresh: the kernel must draw exactly what the same int seed draws
+    x = randn(64, 96, seed=12)
+    seeds = torch.arange(6) + 977
+    for dim, name in ((1, "ufp4"), (0, "nvfp4")):
+        want = kernels.fake_quant(x, name, dim=dim, rounding="sr", rht=16, seed=982, dtype=torch.float32)
+        got = kernels.fake_quant(x, name, dim=dim, rounding="sr", rht=16, seed=seeds[5], dtype=torch.float32)
+        assert_same(got, want)
+        q = kernels.quantize(x, name, dim=dim, rounding="sr", rht=16, seed=seeds[5])
+        assert_same(kernels.dequantize(q, torch.float32), want)
+        assert not torch.equal(got, kernels.fake_quant(x, name, dim=dim, rounding="sr", rht=16,
+                                                       seed=seeds[4], dtype=torch.float32))
+    row, col = kernels.quantize_both(x, "ufp4", rounding="sr", seed=seeds[0], seed_col=seeds[1],
+                                     dtype=torch.float32)
+    assert_same(row, kernels.fake_quant(x, "ufp4", 1, "sr", seed=977, dtype=torch.float32))
+    assert_same(col, kernels.fake_quant(x, "ufp4", 0, "sr", seed=978, dtype=torch.float32))
+    with pytest.raises(ValueError, match="one integer"):
+        kernels.fake_quant(x, "ufp4", rounding="sr", seed=seeds)
+
+
 # -----------------------------------------------------------------------------
 # The quantized layer with its quantizers dispatched to the kernels (what CUDA runs)
 

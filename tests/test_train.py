@@ -58,10 +58,17 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--lr_schedule=linear", "must be one of"),
     ("--recipe_rht_size=big", "'recipe_rht_size' .* must be int or None"),
     ("--max_iters", "expected --key=value"),
+    ("--compile_mode=fast", "'compile_mode' .* must be one of"),
 ])
 def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
         train.get_config([arg])
+
+def test_telemetry_with_cuda_graphs_is_refused():
+    # a replayed graph skips the Python that records the probes: say so instead of logging nothing
+    with pytest.raises(train.ConfigError, match="telemetry_interval.*reduce-overhead.*compile_mode='default'"):
+        train.get_config(["--compile=True", "--compile_mode=reduce-overhead", "--telemetry_interval=10"])
+    train.get_config(["--compile=True", "--telemetry_interval=10"])
 
 def test_unknown_recipe_lists_valid_ones():
     with pytest.raises(train.ConfigError, match=r"unknown recipe 'fp3'.*ufp4"):

@@ -1,0 +1,68 @@
+"""Host (CPU) time per call of the FP4 building blocks on tiny tensors, where the GPU work is
+negligible and the wall time per call is the launch path's cost (issue 6: the compiled FP4 step
+was host-bound).
+
+    python scripts/host_overhead.py
+"""
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fp4  # noqa: E402
+import kernels  # noqa: E402
+
+
+def per_call_us(fn, n=300):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main():
+    dev = "cuda"
+    x = torch.randn(64, 768, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(768, 768, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    xg = x.clone().requires_grad_()
+    lin = torch.nn.Linear(768, 768, bias=False, device=dev, dtype=torch.bfloat16)
+    fmt = fp4.get_format("ufp4")
+    r = fp4.make_recipe("ufp4")
+
+    def fwd_bwd(recipe):
+        def f():
+            y = fp4.fp4_linear(xg, w, recipe)
+            y.backward(torch.ones_like(y))
+        return f
+
+    def bf16_fwd_bwd():
+        y = lin(xg)
+        y.backward(torch.ones_like(y))
+
+    rows = [
+        ("torch add (baseline launch)", lambda: x.add(1)),
+        ("kernels.fake_quant rtne rht16 row", lambda: kernels.fake_quant(x, fmt, -1, "rtne", 16)),
+        ("kernels.fake_quant sr rht16 col", lambda: kernels.fake_quant(x, fmt, 0, "sr", 16, seed=3)),
+        ("kernels.quantize packed col", lambda: kernels.quantize(x, fmt, 0, "sr", 16, seed=3)),
+        ("kernels.quantize_both fake", lambda: kernels.quantize_both(x, fmt, rht=16)),
+        ("fp4._operand fake row", lambda: fp4._operand(x, r.fprop, r, -1, False, 1, dtype=torch.bfloat16)),
+        ("_linear_op (forward op, ufp4)", lambda: fp4._linear_op(x, w, None, fp4.recipe_key(r),
+                                                                  torch.bfloat16, "", True)),
+        ("fp4_linear fwd+bwd ufp4", fwd_bwd("ufp4")),
+        ("fp4_linear fwd+bwd bf16 recipe", fwd_bwd("bf16")),
+        ("nn.Linear fwd+bwd", bf16_fwd_bwd),
+    ]
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| call | host us per call |\n|---|---|")
+    for name, fn in rows:
+        print(f"| {name} | {per_call_us(fn):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
