@@ -409,7 +409,10 @@ def check_dims(recipe, *dims):
 # [E] rows each: one grouped matmul per GEMM). Forward and backward are two custom ops glued by
 # register_autograd: torch.compile sees each as one opaque call (register_fake gives the shapes),
 # compiles the norms, attention and activations around them without graph breaks, and the code
-# below (reference or Triton kernels) runs as is inside them at run time.
+# below (reference or Triton kernels) runs as is inside them at run time. On the Triton path
+# nothing in them waits for the host (the SR seeds are drawn on the GPU and read there), so
+# compile mode 'reduce-overhead' replays them inside CUDA graphs; probe_alphas() is the exception
+# (Python that a replay skips).
 
 BACKEND = "auto"  # "torch" (this file), "triton" (kernels.py on CUDA), "auto": triton on CUDA
 

@@ -127,10 +127,10 @@ def _grid_mag(idx, NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, ST0: 
 
 
 @triton.jit
-def _randbits16(seed, roff, R: tl.constexpr, C: tl.constexpr):
+def _randbits16(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr):
     """16 random bits per element of an [R, C] tile from one Philox call per 8 elements;
     roff [R, C // 8] int32 are the element-group counters (distinct across the tensor)."""
-    r0, r1, r2, r3 = tl.randint4x(seed, roff)
+    r0, r1, r2, r3 = tl.randint4x(seed, roff, ROUNDS)
     u = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 8, 4])
     u = tl.join(u & 0xFFFF, u >> 16)
     return tl.reshape(u, [R, C]).to(tl.float32)
@@ -171,7 +171,7 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
                 S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
                 ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
                 BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr,
-                CODES: tl.constexpr, DEQ: tl.constexpr):
+                CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr):
     E2M1: tl.constexpr = (NSEG == 3) and (S1 == 2.0) and (S2 == 4.0) and (ST0 == 0.5) and (ST1 == 1.0) and (ST2 == 2.0)
     """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
     Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
@@ -241,7 +241,7 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
             step = tl.where(in2, ST2, step)
             inv = tl.where(in2, 1.0 / ST2, inv)
         k = (a - start) * inv  # exact: steps are powers of two
-        rnd = tl.reshape(_randbits16(seed, roff, R, C), [R, NB, BLOCK])
+        rnd = tl.reshape(_randbits16(seed, roff, R, C, ROUNDS), [R, NB, BLOCK])
         kl = k.to(tl.int32)
         fr = (k - kl.to(tl.float32)) * 65536.0
         mag = (kl + ((rnd + 0.5) < fr).to(tl.int32)).to(tl.float32) * step + start
@@ -462,7 +462,7 @@ def _quant_kernel(x_ptr, M, N,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
                   BM: tl.constexpr, BN: tl.constexpr, FAKE: tl.constexpr, PACKED: tl.constexpr,
-                  ROWLOAD: tl.constexpr, DO_ROW: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
+                  ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, DO_ROW: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
                   R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
                   R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
@@ -501,7 +501,7 @@ def _quant_kernel(x_ptr, M, N,
             roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // 8) + pid_n * (BN // 8) + tl.arange(0, BN // 8)[None, :]
         code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
-                                    R_BLOCK, R_SCALE, R_B2D, R_SR, PACKED, FAKE)
+                                    R_BLOCK, R_SCALE, R_B2D, R_SR, PACKED, FAKE, ROUNDS)
         if FAKE:
             _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD)
         if PACKED:
@@ -521,7 +521,7 @@ def _quant_kernel(x_ptr, M, N,
             roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // 8) + pid_m * (BM // 8) + tl.arange(0, BM // 8)[None, :]
         code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
-                                    C_BLOCK, C_SCALE, C_B2D, C_SR, PACKED, FAKE)
+                                    C_BLOCK, C_SCALE, C_B2D, C_SR, PACKED, FAKE, ROUNDS)
         if FAKE:
             _store_cols(c_fake, base, deq, m0, n0, M, N, BM, BN, C_G)
         if PACKED:
@@ -684,10 +684,21 @@ def _smask(n):
     return sum(1 << j for j, v in enumerate(fp4.rht_signs(n).tolist()) if v < 0)
 
 
-def _signs(n, device):
+def _signs(n, device, dummy):
+    """The RHT signs as a tensor on the device, for kernels that load them (n > 32); else dummy.
+    Cached, and made on a side stream: the first call may come during a CUDA-graph warm-up, whose
+    memory pool takes the current stream's allocations and must not own a tensor kept for later."""
+    if _smask(n) != -1:
+        return dummy
     key = (n, str(device))
     if key not in _SIGNS:
-        _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
+        if device.type != "cuda":
+            _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
+        else:
+            side = torch.cuda.Stream(device)
+            with torch.cuda.stream(side):
+                _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
+            torch.cuda.current_stream(device).wait_stream(side)
     return _SIGNS[key]
 
 
@@ -762,24 +773,28 @@ def _pow2_at_least(n, lo):
     return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-def _tile(M, N, row, col, cfg=None, esize=2):
+def _tile(M, N, row, col, cfg=None, esize=2, heavy=False):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
     an H200 (results/kernels_h200.md): row tiles of one row per warp (8 x 512, joined half-group
     loads, mode 0) run at 0.75-0.83 of copy bandwidth, other shapes of that load at 0.34-0.62,
     plain coalesced loads (mode 1) at 0.65-0.79. Mode 0 on fp32 inputs with 8 x 512 tiles gave
     wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in the interpreter),
-    so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at 16384 x 4096."""
+    so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at 16384 x 4096.
+    heavy: SR on a grid of several pieces (E2M1) with fp32 block scales, whose many live values per
+    element favour 16-row tiles (16 x 128, 4 warps): 10-18 % faster than 32 x 128 for dy at
+    16384 x 2304 and x 3072 (results/perf/quant_breakdown_*.txt); uniform grids (UFP4) are fastest
+    at 32 x 128. NVFP4 came out slower with it (its amax pass shares the tile), MXFP4 is untried."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
         return 8, 512, 4, 0  # (verified on 16-bit inputs; fp32 inputs take the plain load)
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N
-        BM = max(16, min(4096 // BN, _pow2_at_least(M, 16)))
+        BM = max(16, min((2048 if heavy else 4096) // BN, _pow2_at_least(M, 16)))
     else:
         BM = max(col or 16, 32, 2 * (col or 16) if (col or 16) >= 32 else 32)
-        BM = max(BM, min(4096 // BN, 64)) if row else BM
+        BM = max(BM, min(4096 // BN, 64)) if row else (max(col, 16) if heavy else BM)
     while BM * BN > 8192 and BN > max(row or 16, 16):
         BN //= 2
     return BM, BN, _num_warps(BM, BN), 1
@@ -795,7 +810,7 @@ def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1):
     A, M, N = x3.shape
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
     out = torch.zeros(1, device=x3.device, dtype=torch.int32)
-    signs = _signs(rht, x3.device) if rht else out
+    signs = _signs(rht, x3.device, out) if rht else out
     _launch(_amax_kernel, grid, (x3, out, M, N, signs),
             dict(BM=BM, BN=BN, COL=bool(col), G=max(16, fmt.block), RHT=int(rht or 0),
                  INV=float(1.0 / math.sqrt(rht or 1)), SMASK=_smask(rht), ROWLOAD=mode, num_warps=nw,
@@ -810,6 +825,7 @@ def _tensor_scale(x3, fmt, rht, col, BM, BN, nw, mode=1):
 
 
 _FAST = {}
+PHILOX_ROUNDS = 10  # Philox4x32 rounds per 8 SR draws: Random123's default (7 measured 5 % faster SR)
 
 
 def _spec(v):
@@ -855,8 +871,10 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
     """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
     A, M, N = x3.shape
     dev = x3.device
+    heavy = any(s and s.rounding == "sr" and s.fmt.scale == "fp32" and _grid_meta_cached(s.fmt.grid)["NSEG"] > 1
+                for s in (row, col))
     BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
-                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size())
+                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy)
     if row and row.fmt.block_2d:
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:
@@ -893,13 +911,13 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
         args += [side.fake if fake else dummy, side.codes if packed else dummy,
                  side.scales if packed else dummy, amax,
                  side.s_enc if side.s_enc is not None else dummy,
-                 _signs(side.rht, dev) if side.rht else dummy, side.seed]
+                 _signs(side.rht, dev, dummy) if side.rht else dummy, side.seed]
         meta.update(_side_meta(fmt, side.rounding, side.rht, p))
         meta[p + "SEEDPTR"] = isinstance(side.seed, torch.Tensor)
         meta["DO_ROW" if p == "R_" else "DO_COL"] = True
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
     if M * N * A:
-        meta.update(BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed), ROWLOAD=mode,
+        meta.update(BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed), ROWLOAD=mode, ROUNDS=PHILOX_ROUNDS,
                     num_warps=nw, enable_fp_fusion=False)
         _launch(_quant_kernel, grid, (x3, M, N, *args), meta)
     for side in (row, col):

@@ -512,6 +512,10 @@ def main(argv=None):
         start_iter = iter_num
 
         model = raw_model
+        if ddp and c.compile_mode in GRAPH_MODES:  # DDP's hooks inside replayed graphs: untested
+            log(f"note: compile_mode={c.compile_mode!r} (CUDA graphs) is not tested under DDP; "
+                f"compiling with mode 'default'")
+            c.compile_mode = "default"
         if c.compile:
             model = torch.compile(model, mode=c.compile_mode)
         graphs = c.compile and c.compile_mode in GRAPH_MODES and device_type == "cuda"

@@ -1,0 +1,116 @@
+"""GPU time of each quantization a GPT-2-small FP4 linear layer runs per micro-step (issue 5/6):
+the six operands of Fprop / Dgrad / Wgrad plus the dequantize of Wgrad's packed x, at the four
+linear shapes of a 12 x 768 block (16384 tokens), timed from CUDA-graph replays (no host cost),
+as effective bandwidth over the device copy.
+
+    python scripts/quant_breakdown.py [--recipe=ufp4] [--tokens=16384]
+"""
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fp4  # noqa: E402
+import kernels  # noqa: E402
+
+SHAPES = {"qkv": (768, 2304), "proj": (768, 768), "fc": (768, 3072), "fc2": (3072, 768)}
+
+
+def graph_ms(fn, reps=20):
+    """Median-free but host-free: capture reps calls in one CUDA graph, replay, time with events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(5):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / (5 * reps)
+
+
+def tiles(r, T, seeds, copy_bw):
+    """dy's two SR quantizations (Dgrad row-wise, Wgrad column-wise) under other tile configs
+    (BM, BN, num_warps): which shape the kernels' default should take."""
+    fmt = fp4.get_format(r.dgrad.fmt)
+    cfgs = [None, (32, 128, 8), (16, 128, 4), (16, 128, 8), (32, 64, 4), (64, 64, 8), (16, 256, 8),
+            (64, 128, 8), (32, 256, 8)]
+    print("| shape | side | cfg (BM, BN, warps) | us | xcopy |\n|---|---|---|---|---|")
+    for n_out in (2304, 3072):
+        dy = torch.randn(T, n_out, device="cuda", dtype=torch.bfloat16)
+        for dim, gemm in ((1, r.dgrad), (0, r.wgrad)):
+            rht = r.rht_size if gemm.rht else None
+            for cfg in cfgs:
+                try:
+                    ms = graph_ms(lambda: kernels.fake_quant(dy, fmt, dim, "sr", rht, seeds[2], _cfg=cfg))
+                except Exception as e:  # noqa: BLE001 -- a config the kernel cannot take
+                    print(f"| {tuple(dy.shape)} | dim {dim} | {cfg} | {type(e).__name__} | |")
+                    continue
+                eff = dy.numel() * 4 / (ms * 1e-3) / 1e12 / copy_bw
+                print(f"| {tuple(dy.shape)} | dim {dim} | {cfg or 'default'} | {ms * 1e3:.1f} | {eff:.2f} |")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--recipe", default="ufp4")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--philox_rounds", type=int, default=None, help="override kernels.PHILOX_ROUNDS")
+    p.add_argument("--tiles", action="store_true", help="try tile configs on dy's SR quantizations")
+    p.add_argument("--sr_only", action="store_true", help="only the SR operands (dy)")
+    args = p.parse_args()
+    if args.philox_rounds is not None:
+        kernels.PHILOX_ROUNDS = args.philox_rounds
+    r = fp4.make_recipe(args.recipe)
+    T = args.tokens
+    src = torch.randn(T * 4096, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_bw = 2 * src.numel() * 2 / graph_ms(lambda: dst.copy_(src)) / 1e9  # TB/s
+    seeds = torch.randint(0, 2**31 - 8, (6,), device="cuda")
+    print(f"`python {' '.join(sys.argv)}` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
+          f"copy {copy_bw:.2f} TB/s; recipe {r.name}, {T} tokens, Philox rounds {kernels.PHILOX_ROUNDS}")
+    if args.tiles:
+        return tiles(r, T, seeds, copy_bw)
+    print("| layer | operand | shape | us | xcopy |\n|---|---|---|---|---|")
+    total = 0.0
+    for name, (n_in, n_out) in SHAPES.items():
+        x = torch.randn(T, n_in, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(T, n_out, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n_out, n_in, device="cuda") * 0.02
+        f, d, g = r.fprop, r.dgrad, r.wgrad
+        q = lambda t, gemm, dim, sr, k, weight=False, packed=False: fp4._operand(  # noqa: E731
+            t, gemm, r, dim, sr, seeds[k], weight=weight, dtype=torch.bfloat16, packed=packed)
+        qx = q(x, g, 0, g.sr_b, 5, packed=True)
+        ops = [("fprop x (row)", x, lambda: q(x, f, -1, f.sr_a, 0), 2 + 2),
+               ("fprop W (row, fp32)", w, lambda: q(w, f, -1, f.sr_b, 1, True), 4 + 2),
+               ("wgrad x (col, packed)", x, lambda: q(x, g, 0, g.sr_b, 5, packed=True), 2 + 0.5 + 4 / 16),
+               ("dgrad dy (row)", dy, lambda: q(dy, d, -1, d.sr_a, 2), 2 + 2),
+               ("dgrad W (col, fp32)", w, lambda: q(w, d, -2, d.sr_b, 3, True), 4 + 2),
+               ("wgrad dy (col)", dy, lambda: q(dy, g, 0, g.sr_a, 4), 2 + 2),
+               ("wgrad x dequantize", x, lambda: fp4.dequantize(qx, torch.bfloat16), 2 + 0.5 + 4 / 16)]
+        for op, t, fn, bytes_per_el in ops:
+            if args.sr_only and "dy" not in op:
+                continue
+            ms = graph_ms(fn)
+            total += ms
+            eff = t.numel() * bytes_per_el / (ms * 1e-3) / 1e12 / copy_bw
+            print(f"| {name} | {op} | {tuple(t.shape)} | {ms * 1e3:.1f} | {eff:.2f} |")
+    print(f"\nsum over one block's four layers: {total * 1e3:.0f} us; x 12 blocks = {total * 12:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
