@@ -339,6 +339,31 @@ def test_tensor_seed_read_on_device_gives_the_int_seeds_bits():
         kernels.fake_quant(x, "ufp4", rounding="sr", seed=seeds)
 
 
+@pytest.mark.parametrize("heavy", [False, True])
+def test_tile_shapes_fit_the_blocks(heavy):
+    # every default tile holds whole blocks (and RHT chunks) of the side(s) it quantizes
+    for M, N in ((16384, 2304), (16384, 3072), (768, 3072), (64, 96), (16, 16)):
+        for row, col in ((16, None), (32, None), (None, 16), (None, 32), (16, 16), (32, 32)):
+            BM, BN, nw, mode = kernels._tile(M, N, row, col, esize=2, heavy=heavy)
+            assert BN % (row or 1) == 0 and BM % (col or 1) == 0, (M, N, row, col, BM, BN)
+            assert nw in (4, 8) and mode in (0, 1)
+
+
+def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales():
+    # results/perf/sr_tiles.md: 16-row tiles help e2m1's SR, hurt ufp4's and nvfp4's
+    x = randn(64, 128, seed=13)
+    seen = []
+    real = kernels._tile
+    kernels._tile = lambda *a, **k: seen.append(k.get("heavy", a[6] if len(a) > 6 else False)) or real(*a, **k)
+    try:
+        for name, rounding in (("e2m1", "sr"), ("e2m1", "rtne"), ("ufp4", "sr"), ("nvfp4", "sr")):
+            kernels.fake_quant(x, name, dim=0, rounding=rounding, seed=1, dtype=torch.float32)
+    finally:
+        kernels._tile = real
+    assert seen == [True, False, False, False]
+    assert kernels._tile(16384, 2304, None, 16, heavy=True)[:2] == (16, 128)
+
+
 # -----------------------------------------------------------------------------
 # The quantized layer with its quantizers dispatched to the kernels (what CUDA runs)
 
