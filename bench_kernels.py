@@ -21,6 +21,20 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def graphed(f):
+    """f captured in a CUDA graph (its replay: GPU time without Python launch overhead)."""
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        for _ in range(3):
+            f()
+    torch.cuda.current_stream().wait_stream(st)
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        f()
+    return gr.replay
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
@@ -193,19 +207,6 @@ def main():
             ms = bench(lambda: torch.mm(kernels.fake_quant(a, name), kernels.fake_quant(b, name).t()))
             add("gemm", f"fake quant (bf16) + cuBLAS {name}", ms, "x bf16", ms_bf / ms, "", "quantize both operands each call")
     section("gemm", s_gemm, 40)
-
-    def graphed(f):
-        """f captured in a CUDA graph (its replay: GPU time without Python launch overhead)."""
-        st = torch.cuda.Stream()
-        st.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(st):
-            for _ in range(3):
-                f()
-        torch.cuda.current_stream().wait_stream(st)
-        gr = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gr):
-            f()
-        return gr.replay
 
     def both_ways(f):
         """(eager ms, CUDA-graph replay ms or None)."""

@@ -16,28 +16,20 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fp4  # noqa: E402
 import kernels  # noqa: E402
+from bench_kernels import graphed  # noqa: E402
 
 SHAPES = {"qkv": (768, 2304), "proj": (768, 768), "fc": (768, 3072), "fc2": (3072, 768)}
 
 
 def graph_ms(fn, reps=20):
-    """Median-free but host-free: capture reps calls in one CUDA graph, replay, time with events."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
+    """GPU ms per call of fn: reps calls captured in one CUDA graph, replays timed with events."""
+    replay = graphed(lambda: [fn() for _ in range(reps)])
+    replay()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(5):
-        g.replay()
+        replay()
     b.record()
     torch.cuda.synchronize()
     return a.elapsed_time(b) / (5 * reps)
