@@ -577,15 +577,19 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         dw = _mm(dyq.t(), xq, pad_offs, fp32=True).to(weight.dtype)
     return dx, dw
 
+def _seed_device(x):
+    """Where a layer's SR seeds live: the GPU for the Triton kernels (they read them there), the
+    CPU for the torch reference (which int()s them: free on the CPU, a host sync on the GPU)."""
+    return x.device if _use_triton(x) else torch.device("cpu")
+
 def _sr_seed(recipe, device):
-    """The six SR seeds of one layer call (int64 [6]), from torch's generator of the layer's
-    device: reproducible under torch.manual_seed and saved with the RNG state in checkpoints.
-    On the GPU they stay there (the kernels read them: no host sync, so a CUDA graph replays
-    fresh seeds) and take one kernel; on the CPU they are base + 0..5 from one draw. The torch
-    reference reads them with int(). Recipes without SR draw nothing (zeros). Drawn inside the
-    forward op, so no Python int reaches the compiler. Layers draw in the order they run: fine
-    for a chain of layers, but two independent FP4 layers (parallel branches) could be reordered
-    by the compiler and swap their seeds."""
+    """The six SR seeds of one layer call (int64 [6]), from torch's generator of `device`
+    (_seed_device): reproducible under torch.manual_seed and saved with the RNG state in
+    checkpoints. On the GPU they stay there (no host sync, so a CUDA graph replays fresh seeds)
+    and take one kernel; on the CPU they are base + 0..5 from one draw. Recipes without SR draw
+    nothing (zeros). Drawn inside the forward op, so no Python int reaches the compiler. Layers
+    draw in the order they run: fine for a chain of layers, but two independent FP4 layers
+    (parallel branches) could be reordered by the compiler and swap their seeds."""
     if not any(g.sr_a or g.sr_b for g in (recipe.fprop, recipe.dgrad, recipe.wgrad)):
         return torch.zeros(6, dtype=torch.int64, device=device)
     if device.type == "cpu":
@@ -606,10 +610,10 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
                tag: str, save_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
-    """-> y, the SR seeds (int64 [6], on x's device) and Wgrad's packed x: codes, scales, tensor
-    scale (empty tensors where there is none)."""
+    """-> y, the SR seeds (int64 [6], see _seed_device) and Wgrad's packed x: codes, scales,
+    tensor scale (empty tensors where there is none)."""
     r = _RECIPES_BY_KEY[recipe]
-    seed = _sr_seed(r, x.device)
+    seed = _sr_seed(r, _seed_device(x))
     y, q = _forward(x, weight, counts, r, dtype, tag, seed, save_x)
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     if q is None:
@@ -621,7 +625,8 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
 def _(x, weight, counts, recipe, dtype, tag, save_x):
     r = _RECIPES_BY_KEY[recipe]
     empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
-    y, seed = empty(x.shape[0], weight.shape[-2], dt=dtype), empty(6, dt=torch.int64)
+    y = empty(x.shape[0], weight.shape[-2], dt=dtype)
+    seed = torch.empty(6, dtype=torch.int64, device=_seed_device(x))
     if not _packs_wgrad_x(r, save_x):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)

@@ -25,6 +25,7 @@ Under TRITON_INTERPRET=1 the same functions run on CPU tensors (what CI tests).
 import functools
 import math
 import os
+import threading
 
 import torch
 
@@ -686,8 +687,8 @@ def _smask(n):
 
 def _signs(n, device, dummy):
     """The RHT signs as a tensor on the device, for kernels that load them (n > 32); else dummy.
-    Cached, and made on a side stream: the first call may come during a CUDA-graph warm-up, whose
-    memory pool takes the current stream's allocations and must not own a tensor kept for later."""
+    Cached, and made on a helper thread: the first call may come during a CUDA-graph warm-up,
+    whose memory pool takes this thread's allocations and must not own a tensor kept for later."""
     if _smask(n) != -1:
         return dummy
     key = (n, str(device))
@@ -695,10 +696,12 @@ def _signs(n, device, dummy):
         if device.type != "cuda":
             _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
         else:
-            side = torch.cuda.Stream(device)
-            with torch.cuda.stream(side):
+            def make():
                 _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
-            torch.cuda.current_stream(device).wait_stream(side)
+                torch.cuda.synchronize(device)  # ready before any stream of this thread reads it
+            helper = threading.Thread(target=make)
+            helper.start()
+            helper.join()
     return _SIGNS[key]
 
 
@@ -782,9 +785,10 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False):
     wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in the interpreter),
     so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at 16384 x 4096.
     heavy: SR on a grid of several pieces (E2M1) with fp32 block scales, whose many live values per
-    element favour 16-row tiles (16 x 128, 4 warps): 10-18 % faster than 32 x 128 for dy at
-    16384 x 2304 and x 3072 (results/perf/quant_breakdown_*.txt); uniform grids (UFP4) are fastest
-    at 32 x 128. NVFP4 came out slower with it (its amax pass shares the tile), MXFP4 is untried."""
+    element favour 16-row tiles (16 x 128, 4 warps): 10-18 % faster than 32 x 128 for dy's column
+    side at 16384 x 2304 and x 3072 and its row side at 2304 (the 8 x 512 row path, taken at 3072,
+    is unchanged; results/perf/sr_tiles.md); uniform grids (UFP4) are fastest at 32 x 128. NVFP4
+    came out slower with it (its amax pass shares the tile), MXFP4 is untried."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:

@@ -512,16 +512,19 @@ def main(argv=None):
         start_iter = iter_num
 
         model = raw_model
-        if ddp and c.compile_mode in GRAPH_MODES:  # DDP's hooks inside replayed graphs: untested
+        if ddp and c.compile and c.compile_mode in GRAPH_MODES:  # DDP hooks in replayed graphs: untested
+            fallback = "max-autotune-no-cudagraphs" if c.compile_mode == "max-autotune" else "default"
             log(f"note: compile_mode={c.compile_mode!r} (CUDA graphs) is not tested under DDP; "
-                f"compiling with mode 'default'")
-            c.compile_mode = "default"
+                f"compiling with mode {fallback!r}")
+            c.compile_mode = fallback
         if c.compile:
             model = torch.compile(model, mode=c.compile_mode)
         graphs = c.compile and c.compile_mode in GRAPH_MODES and device_type == "cuda"
         if graphs:  # gradients live outside the graphs' memory pool, accumulated in place: a
             for p in raw_model.parameters():  # .grad taken from the pool would be overwritten by
-                p.grad = torch.zeros_like(p)   # the next micro-step's replay
+                p.grad = torch.zeros_like(p)   # the next micro-step's replay. (A parameter with no
+                                               # gradient in a step would then get AdamW's update of
+                                               # a zero grad; every parameter here gets one.)
         if ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
             model = DDP(model, device_ids=[int(c.device.split(":")[1])] if device_type == "cuda"

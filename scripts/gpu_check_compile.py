@@ -226,10 +226,12 @@ def cuda_graphs():
     cosine = lambda a, b: torch.nn.functional.cosine_similarity(a.flatten().float(),  # noqa: E731
                                                                 b.flatten().float(), 0).item()
     cos, ref = [cosine(g, ge) for g in grads[2:]], cosine(*eager_grads)  # ref: SR noise alone
-    report(not torch.equal(grads[2], grads[3]) and min(cos) > ref - 0.02,
-           "CUDA graphs: each replay draws fresh SR seeds (dW differs between replays, as close to "
-           "eager's as two eager SR draws are to each other)",
-           f"cosine to eager {[round(c, 4) for c in cos]}, eager vs eager {ref:.4f}")
+    # frozen seeds would leave two replays nearly equal (only attention's backward order differs)
+    between = cosine(grads[2], grads[3])
+    report(between < (1 + ref) / 2 and min(cos) > ref - 0.02,
+           "CUDA graphs: each replay draws fresh SR seeds (two replays differ like two eager SR "
+           "draws, and are as close to eager's dW as those are to each other)",
+           f"replay vs replay {between:.4f}, to eager {[round(c, 4) for c in cos]}, eager vs eager {ref:.4f}")
     torch._dynamo.reset()
 
 
@@ -244,7 +246,7 @@ def speed_table():
                      "graphs": torch.compile(m, mode="reduce-overhead")}[mode]
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
             for i in range(13):
-                if i == 3:
+                if i == (0 if mode == "graphs" else 3):  # graphs: count the capture's memory pool
                     sync()
                     if not CPU:
                         torch.cuda.reset_peak_memory_stats()
