@@ -768,6 +768,10 @@ def _seed(seed, device):
     return int(seed) % (2**31 - 1)
 
 
+def _cdiv(a, b):  # triton.cdiv costs microseconds of host time per call (constexpr unwrapping)
+    return -(-a // b)
+
+
 def _need(fmt, rht):
     return math.lcm(fmt.block, rht or 1)
 
@@ -812,7 +816,7 @@ def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1):
     """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
     an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc)."""
     A, M, N = x3.shape
-    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
+    grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     out = torch.zeros(1, device=x3.device, dtype=torch.int32)
     signs = _signs(rht, x3.device, out) if rht else out
     _launch(_amax_kernel, grid, (x3, out, M, N, signs),
@@ -844,14 +848,16 @@ def _spec(v):
     return (type(v),)
 
 
-def _launch(kernel, grid, args, meta):
+def _launch(kernel, grid, args, meta, meta_key=None):
     """kernel[grid](*args, **meta), but later calls with the same specialization launch the
     compiled kernel directly (Triton's generic launch path costs tens of microseconds of host
-    time per call, which dominates small tensors)."""
+    time per call, which dominates small tensors). meta_key: tuple(sorted(meta.items())), if the
+    caller has it cached."""
     if INTERPRET:
         kernel[grid](*args, **meta)
         return
-    key = (kernel, args[0].device.index, tuple(sorted(meta.items())), tuple(_spec(v) for v in args))
+    key = (kernel, args[0].device.index, meta_key or tuple(sorted(meta.items())),
+           tuple(_spec(v) for v in args))
     ck = _FAST.get(key)
     if ck is None:
         ck = kernel[grid](*args, **meta)
@@ -861,6 +867,25 @@ def _launch(kernel, grid, args, meta):
         return
     ck, tail = ck
     ck[grid](*args, *tail)
+
+
+@functools.lru_cache(maxsize=None)
+def _quant_meta(row_sig, col_sig, BM, BN, fake, packed, mode, rounds, nw):
+    """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
+    RHT, seed in memory; None when off), and the same as the launch cache's key: built once, not
+    per call."""
+    meta = {}
+    for sig, p, flag in ((row_sig, "R_", "DO_ROW"), (col_sig, "C_", "DO_COL")):
+        if sig is None:
+            meta.update(_off_meta(p))
+        else:
+            fmt, rounding, rht, seed_ptr = sig
+            meta.update(_side_meta(fmt, rounding, rht, p))
+            meta[p + "SEEDPTR"] = seed_ptr
+        meta[flag] = sig is not None
+    meta.update(BM=BM, BN=BN, FAKE=fake, PACKED=packed, ROWLOAD=mode, ROUNDS=rounds, num_warps=nw,
+                enable_fp_fusion=False)
+    return meta, tuple(sorted(meta.items()))
 
 
 class _Side:
@@ -887,13 +912,11 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
     if fake_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         fake_dtype = torch.float32
     dummy = torch.empty(1, device=dev, dtype=torch.float32)
-    args, meta = [], {}
+    args = []
     senc_cache = {}
-    for side, p, col_side in ((row, "R_", False), (col, "C_", True)):
+    for side, col_side in ((row, False), (col, True)):
         if side is None:
             args += [dummy, dummy, dummy, dummy, dummy, dummy, 0]
-            meta.update(_off_meta(p))
-            meta["DO_ROW" if p == "R_" else "DO_COL"] = False
             continue
         fmt, blk = side.fmt, side.fmt.block
         NR, NK = (N, M) if col_side else (M, N)
@@ -916,14 +939,12 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
                  side.scales if packed else dummy, amax,
                  side.s_enc if side.s_enc is not None else dummy,
                  _signs(side.rht, dev, dummy) if side.rht else dummy, side.seed]
-        meta.update(_side_meta(fmt, side.rounding, side.rht, p))
-        meta[p + "SEEDPTR"] = isinstance(side.seed, torch.Tensor)
-        meta["DO_ROW" if p == "R_" else "DO_COL"] = True
-    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), A)
+    grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
-        meta.update(BM=BM, BN=BN, FAKE=bool(fake), PACKED=bool(packed), ROWLOAD=mode, ROUNDS=PHILOX_ROUNDS,
-                    num_warps=nw, enable_fp_fusion=False)
-        _launch(_quant_kernel, grid, (x3, M, N, *args), meta)
+        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor))  # noqa: E731
+        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, bool(fake), bool(packed), mode,
+                                     PHILOX_ROUNDS, nw)
+        _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
     for side in (row, col):
         if side is not None and fake and side.fake.dtype != out_dtype:
             side.fake = side.fake.to(out_dtype)
@@ -1018,7 +1039,7 @@ def dequantize(q, dtype=None):
     codes = q.codes.contiguous()
     scales = q.scales.contiguous()
     ts = q.tensor_scale if q.tensor_scale is not None else scales
-    grid = (triton.cdiv(NR, BR), triton.cdiv(K, BK), Ab)
+    grid = (_cdiv(NR, BR), _cdiv(K, BK), Ab)
     if out.numel():
         _launch(_dequant_kernel, grid, (codes, scales, ts, out, NR, K, 1 if trans else K, B if trans else 1),
                 dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
@@ -1074,7 +1095,7 @@ def fp4_matmul(qa, qb, dtype=None):
         meta[p + "TS"] = q.tensor_scale is not None
         meta[p + "GRID"] = gid.get(q.fmt.grid, 1)
     dummy = qa.scales
-    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+    grid = (_cdiv(M, BM) * _cdiv(N, BN),)
     if c.numel():
         _fp4_mm_kernel[grid](qa.codes, qa.scales.contiguous(),
                              qa.tensor_scale if qa.tensor_scale is not None else dummy,

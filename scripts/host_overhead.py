@@ -2,7 +2,8 @@
 negligible and the wall time per call is the launch path's cost (issue 6: the compiled FP4 step
 was host-bound).
 
-    python scripts/host_overhead.py
+    python scripts/host_overhead.py              # on the GPU
+    python scripts/host_overhead.py --cpu-stub   # host code only, kernels stubbed (any machine)
 """
 import os
 import sys
@@ -15,18 +16,52 @@ import fp4  # noqa: E402
 import kernels  # noqa: E402
 
 
-def per_call_us(fn, n=300):
+def per_call_us(fn, n=300, sync=True):
     for _ in range(10):
         fn()
-    torch.cuda.synchronize()
+    if sync:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
-    torch.cuda.synchronize()
+    if sync:
+        torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def cpu_stub():
+    """The same question on a machine without a GPU: the Triton path's host code (fp4.py's layer
+    op, kernels.py's wrappers and launch cache) on CPU tensors, with every compiled kernel replaced
+    by a no-op. Times are host microseconds of this CPU; compare them with nn.Linear's here."""
+    class NoKernel:
+        def __getitem__(self, grid):
+            return lambda *args: None
+    for k in (kernels._quant_kernel, kernels._amax_kernel, kernels._dequant_kernel):
+        k.run = lambda *a, **kw: NoKernel()
+    fp4._use_triton = lambda x: True
+    x = torch.randn(16, 64, dtype=torch.bfloat16, requires_grad=True)
+    xq = torch.randn(64, 768, dtype=torch.bfloat16)
+
+    def fwd_bwd(m):
+        def f():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = m(x)
+            y.backward(torch.ones_like(y))
+        return f
+    rows = [("torch add (baseline op)", lambda: xq.add(1)),
+            ("kernels.fake_quant rtne rht16 row", lambda: kernels.fake_quant(xq, "ufp4", -1, "rtne", 16)),
+            ("nn.Linear fwd+bwd, 16x64 -> 64", fwd_bwd(torch.nn.Linear(64, 64, bias=False)))]
+    rows += [(f"FP4Linear {r} fwd+bwd, 16x64 -> 64", fwd_bwd(fp4.FP4Linear(64, 64, bias=False, recipe=r)))
+             for r in ("ufp4", "nvfp4")]
+    print(f"CPU stub (GPU kernels replaced by no-ops), torch {torch.__version__}")
+    print("| call | host us per call (best of 3) |\n|---|---|")
+    for name, fn in rows:
+        print(f"| {name} | {min(per_call_us(fn, 400, sync=False) for _ in range(3)):.1f} |")
+
+
 def main():
+    if not torch.cuda.is_available() or "--cpu-stub" in sys.argv:
+        return cpu_stub()
     dev = "cuda"
     x = torch.randn(64, 768, device=dev, dtype=torch.bfloat16)
     w = torch.randn(768, 768, device=dev, dtype=torch.bfloat16, requires_grad=True)
