@@ -365,6 +365,46 @@ def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales():
     assert kernels._tile(16384, 2304, None, 16, heavy=True)[:2] == (16, 128)
 
 
+def test_launch_cache_reuses_a_compiled_kernel_only_for_the_same_specialization(monkeypatch):
+    # the GPU launch path (_launch's fast path, _quant_meta), with compilation stubbed: a wrong
+    # cache hit would run a kernel compiled for other constexprs (silently wrong on the GPU)
+    compiled = []
+
+    class Compiled:
+        def __init__(self, meta):
+            self.meta, self.launches = meta, []
+
+        def __getitem__(self, grid):
+            return lambda *args: self.launches.append(args)
+
+    def run(*args, grid=None, warmup=False, **meta):
+        compiled.append(Compiled(meta))
+        return compiled[-1]
+    monkeypatch.setattr(kernels, "INTERPRET", False)
+    monkeypatch.setattr(kernels, "_FAST", {})
+    monkeypatch.setattr(kernels._quant_kernel, "run", run)
+    x = randn(64, 128, seed=14)
+    seeds = torch.arange(6) + 5
+    calls = [("ufp4", "rtne", 3), ("ufp4", "rtne", 3), ("e2m1", "rtne", 3), ("ufp4", "sr", 3),
+             ("ufp4", "sr", 4), ("ufp4", "sr", seeds[2]), ("ufp4", "sr", seeds[4]), ("ufp4", "sr", seeds[1])]
+    for name, rounding, seed in calls:
+        kernels.fake_quant(x, name, rounding=rounding, seed=seed, dtype=torch.float32)
+    # compiles: ufp4 rtne, e2m1 rtne, ufp4 sr with an int seed, ufp4 sr with a seed in memory at a
+    # 16-byte aligned address (seeds[2], seeds[4]) and at an unaligned one (seeds[1]: Triton
+    # specializes pointers on alignment)
+    assert len(compiled) == 5
+    assert [c.meta["R_SR"] for c in compiled] == [False, False, True, True, True]
+    assert [c.meta["R_SEEDPTR"] for c in compiled] == [False, False, False, True, True]
+    assert compiled[0].meta["R_NSEG"] == 1 and compiled[1].meta["R_NSEG"] == 3
+    # cache hits pass the constexprs in the kernel's argument order, as the compile saw them
+    names = kernels._quant_kernel.arg_names
+    for c in compiled:
+        for args in c.launches:
+            n = len(args) - sum(1 for k in names if k in c.meta)
+            assert tuple(args[n:]) == tuple(c.meta[k] for k in names[n:])
+    assert [len(c.launches) for c in compiled] == [1, 0, 1, 1, 0]  # the first launch is the compile's
+
+
 # -----------------------------------------------------------------------------
 # The quantized layer with its quantizers dispatched to the kernels (what CUDA runs)
 
