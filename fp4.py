@@ -772,6 +772,23 @@ def convert(model, recipe, blocks_attr="blocks", keep=("router",)):
                 setattr(parent, name.split(".")[-1], new)
     return model
 
+def saved_bytes(layer, x, dy=None):
+    """Bytes a forward of `layer` on x keeps for backward, its parameters left out; then runs the
+    backward (with dy, or ones), so what was kept is shown to suffice. Call it under autocast to
+    measure the autocast forward."""
+    params = {p.data_ptr() for p in layer.parameters()}
+    sizes = []
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            sizes.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = layer(x)
+    y.backward(torch.ones_like(y) if dy is None else dy)
+    return sum(sizes)
+
 # -----------------------------------------------------------------------------
 # 6. Shrinkage diagnostics
 

@@ -833,7 +833,7 @@ def _tensor_scale(x3, fmt, rht, col, BM, BN, nw, mode=1):
 
 
 _FAST = {}
-PHILOX_ROUNDS = 10  # Philox4x32 rounds per 8 SR draws: Random123's default (7 measured 5 % faster SR)
+PHILOX_ROUNDS = 10  # Philox4x32 rounds per 8 SR draws: Random123's default (7: 5 % faster SR, results/perf/philox_rounds.md)
 
 
 def _spec(v):

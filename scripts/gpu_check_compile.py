@@ -176,19 +176,8 @@ def triton_vs_torch():
         report(all(same), f"FP4Linear {name} SR dy, triton: packed Wgrad x == quantizing x in backward", str(same))
 
     def saved_bytes(layer):
-        params = {p.data_ptr() for p in layer.parameters()}
-        sizes = []
-
-        def pack(t):
-            if t.data_ptr() not in params:
-                sizes.append(t.numel() * t.element_size())
-            return t
-        xi = x.clone().requires_grad_()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with autocast():
-                out = layer(xi)
-        out.backward(dy)
-        return sum(sizes)
+        with autocast():
+            return fp4.saved_bytes(layer, x.clone().requires_grad_(), dy)
     lin = torch.nn.Linear(IN, OUT, bias=False, device=DEV)
     b16 = saved_bytes(lin)
     q = saved_bytes(fp4.FP4Linear(IN, OUT, bias=False, recipe="ufp4", device=DEV))

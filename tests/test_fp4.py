@@ -718,27 +718,11 @@ def test_packed_wgrad_x_equals_quantizing_x_in_backward(name, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(packed, unpacked))
 
 
-def saved_bytes(layer, x):
-    """Bytes that a forward of `layer` saves for backward, its parameters left out."""
-    params = {p.data_ptr() for p in layer.parameters()}
-    sizes = []
-
-    def pack(t):
-        if t.data_ptr() not in params:
-            sizes.append(t.numel() * t.element_size())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = layer(x)
-    y.sum().backward()  # what was saved also works
-    return sum(sizes)
-
-
 def test_fp4_linear_saves_packed_x_not_x():
     T, d = 1024, 256
     x = torch.randn(T, d, dtype=torch.bfloat16, requires_grad=True)
-    bf16 = saved_bytes(nn.Linear(d, d, bias=False, dtype=torch.bfloat16), x)
-    ufp4 = saved_bytes(fp4.FP4Linear(d, d, bias=False, recipe="ufp4"), x)
+    bf16 = fp4.saved_bytes(nn.Linear(d, d, bias=False, dtype=torch.bfloat16), x)
+    ufp4 = fp4.saved_bytes(fp4.FP4Linear(d, d, bias=False, recipe="ufp4"), x)
     assert bf16 == T * d * 2
     # 4-bit codes + one fp32 scale per 16 tokens (0.75 bytes per element) + six int64 SR seeds
     assert ufp4 == T * d // 2 + T * d // 16 * 4 + 6 * 8
