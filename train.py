@@ -520,11 +520,13 @@ def main(argv=None):
         if c.compile:
             model = torch.compile(model, mode=c.compile_mode)
         graphs = c.compile and c.compile_mode in GRAPH_MODES and device_type == "cuda"
-        if graphs:  # gradients live outside the graphs' memory pool, accumulated in place: a
-            for p in raw_model.parameters():  # .grad taken from the pool would be overwritten by
-                p.grad = torch.zeros_like(p)   # the next micro-step's replay. (A parameter with no
-                                               # gradient in a step would then get AdamW's update of
-                                               # a zero grad; every parameter here gets one.)
+        # CUDA graphs: gradients live outside the graphs' memory pool and accumulate in place (a
+        # .grad taken from the pool would be overwritten by the next micro-step's replay). A
+        # parameter with no gradient in a step then gets AdamW's update of a zero grad; every
+        # parameter here gets one.
+        if graphs:
+            for p in raw_model.parameters():
+                p.grad = torch.zeros_like(p)
         if ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
             model = DDP(model, device_ids=[int(c.device.split(":")[1])] if device_type == "cuda"
