@@ -269,6 +269,34 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None)
         out = out / s_enc
     return out.movedim(-1, dim).to(dtype or x.dtype)
 
+def _both_args(x, fmt, fmt_col, rht, rht_col, packed):
+    """quantize_both's arguments checked and resolved: (row fmt, col fmt, row RHT, col RHT,
+    row packed, col packed)."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_both takes a 2D tensor, got shape {tuple(x.shape)}")
+    fmt = get_format(fmt)
+    fmt_col = get_format(fmt_col) if fmt_col is not None else fmt
+    rht_col = rht if rht_col == "same" else rht_col
+    _check_blockable(x, fmt, 1, rht)
+    _check_blockable(x, fmt_col, 0, rht_col)
+    pr, pc = (packed, packed) if isinstance(packed, bool) else tuple(packed)
+    return fmt, fmt_col, rht, rht_col, pr, pc
+
+def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
+                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None):
+    """A 2D tensor [M, K] quantized row-wise (blocks along dim 1) and column-wise (along dim 0),
+    each side with its own format, rounding, RHT and seed (fmt_col, rounding_col: the row side's
+    unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, or quantize's
+    where `packed` (a bool, or one per side) says so. Here two calls; kernels.py reads x once."""
+    fmt, fmt_col, rht, rht_col, pr, pc = _both_args(x, fmt, fmt_col, rht, rht_col, packed)
+    if _use_triton(x):
+        import kernels
+        return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
+                                     seed_col, (pr, pc), dtype)
+    sides = ((fmt, rounding, rht, seed, pr, 1), (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, 0))
+    return tuple(quantize(x, f, d, r, h, s) if p else fake_quant(x, f, d, r, h, s, dtype)
+                 for f, r, h, s, p, d in sides)
+
 # -----------------------------------------------------------------------------
 # 3. Random Hadamard transform: Q = diag(s) H_n / sqrt(n), applied to n-chunks along a dim
 
@@ -458,6 +486,17 @@ def _operand(t, gemm, recipe, dim, sr, seed, weight=False, dtype=torch.float32, 
                       dequantize(q, dtype) if packed else q)
     return q
 
+def _operand_pair(t, row, col, recipe, dtype, tag):
+    """_operand(t, ...) along dim -1 for `row` and along dim 0 for `col`, each (gemm, sr, seed,
+    packed, probe name): on the Triton path from one read of t (kernels.quantize_both, the same
+    bits as two calls) when both sides quantize; else two calls."""
+    (gr, sr_r, seed_r, pk_r, pb_r), (gc, sr_c, seed_c, pk_c, pb_c) = row, col
+    if gr.fmt and gc.fmt and PROBE is None and _use_triton(t):
+        (fr, rr, hr), (fc, rc, hc) = _qparams(gr, recipe, sr_r), _qparams(gc, recipe, sr_c)
+        return quantize_both(t, fr, fc, rr, rc, hr, hc, seed_r, seed_c, (pk_r, pk_c), dtype)
+    return (_operand(t, gr, recipe, -1, sr_r, seed_r, dtype=dtype, probe=(tag, pb_r), packed=pk_r),
+            _operand(t, gc, recipe, 0, sr_c, seed_c, dtype=dtype, probe=(tag, pb_c), packed=pk_c))
+
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
     if a.dtype == torch.bfloat16 and a.is_cuda:
@@ -533,6 +572,11 @@ def _wgrad_rows(t, counts, recipe):
 def _wgrad_dtype(x, dtype):
     return torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
 
+def _unpadded(t, counts, recipe, dtype):
+    """A dense layer's t [T, n] whose Wgrad side (blocks along T) needs no padding and no other
+    dtype: one tensor serves its row-wise and column-wise quantization (_operand_pair)."""
+    return counts is None and t.shape[0] % _wgrad_block(recipe) == 0 and _wgrad_dtype(t, dtype) == dtype
+
 def _packs_wgrad_x(recipe, save_x):
     """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when Wgrad quantizes it."""
     return bool(save_x and recipe.wgrad.fmt)
@@ -544,14 +588,18 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, save_x):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With save_x, also Wgrad's Q(x) as a QTensor
     (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
     f, g = recipe.fprop, recipe.wgrad
-    xq = _operand(x, f, recipe, -1, f.sr_a, seeds[0], dtype=dtype, probe=(tag, "fprop_x"))
+    xw = None
+    if _packs_wgrad_x(recipe, save_x) and _unpadded(x, counts, recipe, dtype):
+        xq, xw = _operand_pair(x, (f, f.sr_a, seeds[0], False, "fprop_x"),
+                               (g, g.sr_b, seeds[5], True, "wgrad_x"), recipe, dtype, tag)
+    else:
+        xq = _operand(x, f, recipe, -1, f.sr_a, seeds[0], dtype=dtype, probe=(tag, "fprop_x"))
+        if _packs_wgrad_x(recipe, save_x):
+            xw = _operand(_wgrad_rows(x, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
+                          dtype=_wgrad_dtype(x, dtype), probe=(tag, "wgrad_x"), packed=True)
     wq = _operand(weight, f, recipe, -1, f.sr_b, seeds[1], weight=True, dtype=dtype,
                   probe=(tag, "fprop_w"))
     y = _mm(xq, wq.transpose(-1, -2), _group_ends(counts))
-    xw = None
-    if _packs_wgrad_x(recipe, save_x):
-        xw = _operand(_wgrad_rows(x, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
-                      dtype=_wgrad_dtype(x, dtype), probe=(tag, "wgrad_x"), packed=True)
     return y, xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw):
@@ -559,16 +607,21 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
     tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as the QTensor that forward saved."""
     d, g = recipe.dgrad, recipe.wgrad
     dy = dy.contiguous()
-    dx = dw = None
-    if need_dx:
+    dx = dw = dyq_w = None
+    if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
+        dyq, dyq_w = _operand_pair(dy, (d, d.sr_a, seeds[2], False, "dgrad_dy"),
+                                   (g, g.sr_a, seeds[4], False, "wgrad_dy"), recipe, dtype, tag)
+    elif need_dx:
         dyq = _operand(dy, d, recipe, -1, d.sr_a, seeds[2], dtype=dtype, probe=(tag, "dgrad_dy"))
+    if need_dx:
         wq = _operand(weight, d, recipe, -2, d.sr_b, seeds[3], weight=True, dtype=dtype,
                       probe=(tag, "dgrad_w"))
         dx = _mm(dyq, wq, _group_ends(counts)).to(x_dtype)
     if need_dw:
         wdtype = _wgrad_dtype(dy, dtype)
         dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
-        dyq = _operand(dy_pad, g, recipe, 0, g.sr_a, seeds[4], dtype=wdtype, probe=(tag, "wgrad_dy"))
+        dyq = dyq_w if dyq_w is not None else _operand(dy_pad, g, recipe, 0, g.sr_a, seeds[4],
+                                                       dtype=wdtype, probe=(tag, "wgrad_dy"))
         if isinstance(x_or_q, QTensor):
             xq = dequantize(x_or_q, wdtype)
         else:

@@ -462,14 +462,16 @@ def _s_enc(amax_ptr, senc_ptr, QMAX: tl.constexpr, FIRST):
 def _quant_kernel(x_ptr, M, N,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
-                  BM: tl.constexpr, BN: tl.constexpr, FAKE: tl.constexpr, PACKED: tl.constexpr,
-                  ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, DO_ROW: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr,
+                  ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, DO_ROW: tl.constexpr,
+                  R_FAKE: tl.constexpr, R_PACKED: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
                   R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
                   R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
                   R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
                   R_RHT: tl.constexpr, R_INV: tl.constexpr, R_SMASK: tl.constexpr,
-                  R_SEEDPTR: tl.constexpr, DO_COL: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
+                  R_SEEDPTR: tl.constexpr, DO_COL: tl.constexpr,
+                  C_FAKE: tl.constexpr, C_PACKED: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
                   C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
                   C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
                   C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
@@ -478,8 +480,9 @@ def _quant_kernel(x_ptr, M, N,
                   C_SEEDPTR: tl.constexpr):
     """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
     [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
-    in fp4.py); fake outputs in x's layout. With both sides the second read of the tile comes
-    from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a pointer to an int64 seed
+    in fp4.py); fake outputs in x's layout. Each side writes fake values (FAKE), packed codes +
+    scales (PACKED) or both. With both sides the second read of the tile comes from L2 (one
+    pass over HBM). A side's seed is an int, or (SEEDPTR) a pointer to an int64 seed
     in device memory, which a replayed CUDA graph reads afresh."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -502,10 +505,10 @@ def _quant_kernel(x_ptr, M, N,
             roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // 8) + pid_n * (BN // 8) + tl.arange(0, BN // 8)[None, :]
         code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
-                                    R_BLOCK, R_SCALE, R_B2D, R_SR, PACKED, FAKE, ROUNDS)
-        if FAKE:
+                                    R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS)
+        if R_FAKE:
             _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD)
-        if PACKED:
+        if R_PACKED:
             _store_packed(code, sc, a, m0, n0, M, N, r_codes, r_scales, BM, BN, R_BLOCK, R_B2D, R_G)
     if DO_COL:
         xc = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G)  # [BN, BM]: blocks along M
@@ -522,33 +525,39 @@ def _quant_kernel(x_ptr, M, N,
             roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // 8) + pid_m * (BM // 8) + tl.arange(0, BM // 8)[None, :]
         code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
-                                    C_BLOCK, C_SCALE, C_B2D, C_SR, PACKED, FAKE, ROUNDS)
-        if FAKE:
+                                    C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS)
+        if C_FAKE:
             _store_cols(c_fake, base, deq, m0, n0, M, N, BM, BN, C_G)
-        if PACKED:
+        if C_PACKED:
             _store_packed(code, sc, a, n0, m0, N, M, c_codes, c_scales, BN, BM, C_BLOCK, C_B2D, C_G)
 
 
 @triton.jit
-def _amax_kernel(x_ptr, part_ptr, M, N, signs_ptr, BM: tl.constexpr, BN: tl.constexpr,
-                 COL: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr, INV: tl.constexpr,
-                 SMASK: tl.constexpr, ROWLOAD: tl.constexpr):
-    """Per-program max |x| (after the RHT along N, or along M when COL); NaN if the tile has NaN."""
+def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr, BN: tl.constexpr,
+                 DO_ROW: tl.constexpr, R_G: tl.constexpr, R_RHT: tl.constexpr, R_INV: tl.constexpr,
+                 R_SMASK: tl.constexpr, DO_COL: tl.constexpr, C_G: tl.constexpr,
+                 C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
+                 ROWLOAD: tl.constexpr):
+    """max |x| over the tensor, after the RHT along N (row side) and/or along M (column side):
+    both from one read of x when NVFP4 quantizes it both ways with different RHTs. NaN if the
+    tensor has NaN."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2)
     base = a.to(tl.int64) * M * N
-    if COL:
-        x = _load_cols(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, G)
-        if RHT > 0:
-            x = _rht(x, signs_ptr, BN, BM, RHT, INV, SMASK)
-    else:
-        x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, G, ROWLOAD)
-        if RHT > 0:
-            x = _rht(x, signs_ptr, BM, BN, RHT, INV, SMASK)
-    m = _amax(_amax(tl.abs(x), 1), 0)  # NaN if the tile has NaN
-    # non-negative floats (and +NaN) order like their int32 bits: one atomic max for the tensor
-    tl.atomic_max(part_ptr, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
+    if DO_ROW:
+        x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, R_G, ROWLOAD)
+        if R_RHT > 0:
+            x = _rht(x, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
+        m = _amax(_amax(tl.abs(x), 1), 0)  # NaN if the tile has NaN
+        # non-negative floats (and +NaN) order like their int32 bits: one atomic max per tensor
+        tl.atomic_max(r_part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
+    if DO_COL:  # (the second read of the tile comes from L2)
+        x = _load_cols(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, C_G)
+        if C_RHT > 0:
+            x = _rht(x, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
+        m = _amax(_amax(tl.abs(x), 1), 0)
+        tl.atomic_max(c_part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
 
 
 @triton.jit
@@ -750,7 +759,8 @@ def _off_meta(p):
     return {p + "QMAX": 1.0, p + "EMAX": 0, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
             p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
             p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
-            p + "INV": 1.0, p + "G": 16, p + "SMASK": -1, p + "SEEDPTR": False}
+            p + "INV": 1.0, p + "G": 16, p + "SMASK": -1, p + "SEEDPTR": False, p + "FAKE": False,
+            p + "PACKED": False}
 
 
 def _seed(seed, device):
@@ -812,24 +822,25 @@ def _num_warps(BM, BN):
     return max(4, min(8, BM * BN // 1024))
 
 
-def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1):
+def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1, col_rht=None):
     """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
-    an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc)."""
+    an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc).
+    col_rht (with col False): also the column side's amax after that RHT (0: none), from the same
+    read; returns (row amax, col amax) then."""
     A, M, N = x3.shape
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
-    out = torch.zeros(1, device=x3.device, dtype=torch.int32)
-    signs = _signs(rht, x3.device, out) if rht else out
-    _launch(_amax_kernel, grid, (x3, out, M, N, signs),
-            dict(BM=BM, BN=BN, COL=bool(col), G=max(16, fmt.block), RHT=int(rht or 0),
-                 INV=float(1.0 / math.sqrt(rht or 1)), SMASK=_smask(rht), ROWLOAD=mode, num_warps=nw,
-                 enable_fp_fusion=False))
-    return out
-
-
-def _tensor_scale(x3, fmt, rht, col, BM, BN, nw, mode=1):
-    """s_enc as a 0-dim tensor (the reference formula on the kernel's amax)."""
-    amax = _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode).view(torch.float32)[0]
-    return fp4.tensor_scale_for(amax, fmt)
+    both = col_rht is not None
+    outs = [torch.zeros(1, device=x3.device, dtype=torch.int32) for _ in range(1 + both)]
+    sides = [(not col, rht), (col or both, col_rht if both else rht)]
+    meta = dict(BM=BM, BN=BN, ROWLOAD=mode, num_warps=nw, enable_fp_fusion=False)
+    for p, (on, n) in zip(("R_", "C_"), sides):
+        meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": max(16, fmt.block),
+                     p + "RHT": int(n or 0) if on else 0, p + "INV": float(1.0 / math.sqrt(n or 1)),
+                     p + "SMASK": _smask(n) if on else -1})
+    r_part, c_part = (outs[0], outs[-1]) if both else (outs[0], outs[0])
+    signs = [_signs(n, x3.device, r_part) if on and n else r_part for on, n in sides]
+    _launch(_amax_kernel, grid, (x3, r_part, c_part, M, N, *signs), meta)
+    return tuple(outs) if both else outs[0]
 
 
 _FAST = {}
@@ -870,33 +881,32 @@ def _launch(kernel, grid, args, meta, meta_key=None):
 
 
 @functools.lru_cache(maxsize=None)
-def _quant_meta(row_sig, col_sig, BM, BN, fake, packed, mode, rounds, nw):
+def _quant_meta(row_sig, col_sig, BM, BN, mode, rounds, nw):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
-    RHT, seed in memory; None when off), and the same as the launch cache's key: built once, not
-    per call."""
+    RHT, seed in memory, packed; None when off), and the same as the launch cache's key: built
+    once, not per call."""
     meta = {}
     for sig, p, flag in ((row_sig, "R_", "DO_ROW"), (col_sig, "C_", "DO_COL")):
         if sig is None:
             meta.update(_off_meta(p))
         else:
-            fmt, rounding, rht, seed_ptr = sig
+            fmt, rounding, rht, seed_ptr, packed = sig
             meta.update(_side_meta(fmt, rounding, rht, p))
-            meta[p + "SEEDPTR"] = seed_ptr
+            meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed})
         meta[flag] = sig is not None
-    meta.update(BM=BM, BN=BN, FAKE=fake, PACKED=packed, ROWLOAD=mode, ROUNDS=rounds, num_warps=nw,
-                enable_fp_fusion=False)
+    meta.update(BM=BM, BN=BN, ROWLOAD=mode, ROUNDS=rounds, num_warps=nw, enable_fp_fusion=False)
     return meta, tuple(sorted(meta.items()))
 
 
 class _Side:
-    """One orientation's request and outputs."""
+    """One orientation's request (packed: codes + scales, else fake-quantized values) and outputs."""
 
-    def __init__(self, fmt, rounding, rht, seed, device):
-        self.fmt, self.rounding, self.rht = fmt, rounding, rht
+    def __init__(self, fmt, rounding, rht, seed, device, packed):
+        self.fmt, self.rounding, self.rht, self.packed = fmt, rounding, rht, bool(packed)
         self.seed = _seed(seed, device) if rounding == "sr" else 0
 
 
-def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
+def _run(x3, row, col, out_dtype, cfg=None):
     """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
     A, M, N = x3.shape
     dev = x3.device
@@ -912,41 +922,42 @@ def _run(x3, row, col, packed, fake, out_dtype, cfg=None):
     if fake_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         fake_dtype = torch.float32
     dummy = torch.empty(1, device=dev, dtype=torch.float32)
+    # NVFP4's tensor amax: one pass over x for both sides (their own RHT), shared when equal
+    nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
+    amaxes = {}
+    if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
+        amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, BM, BN, nw, mode,
+                                                col_rht=col.rht or 0)
+    elif nv:
+        first = nv[0]
+        amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht), BM, BN, nw, mode)
+        amaxes = {s: amax for s in nv}
     args = []
-    senc_cache = {}
     for side, col_side in ((row, False), (col, True)):
         if side is None:
             args += [dummy, dummy, dummy, dummy, dummy, dummy, 0]
             continue
         fmt, blk = side.fmt, side.fmt.block
         NR, NK = (N, M) if col_side else (M, N)
-        side.fake = torch.empty((A, M, N), device=dev, dtype=fake_dtype) if fake else None
-        if packed:
+        side.fake = None if side.packed else torch.empty((A, M, N), device=dev, dtype=fake_dtype)
+        if side.packed:
             side.codes = torch.empty((A, NR, NK // 2), device=dev, dtype=torch.uint8)
             sshape = (A, NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
             side.scales = torch.empty(sshape, device=dev, dtype=torch.float32)
         else:
             side.codes = side.scales = None
-        side.s_enc = None
-        amax = dummy
-        if fmt.scale == "e4m3":
-            key = (side.rht if side.rht else 0, col_side if side.rht else None)
-            if key not in senc_cache:
-                senc_cache[key] = _tensor_amax(x3, fmt, side.rht, col_side, BM, BN, nw, mode)
-            amax = senc_cache[key]
-            side.s_enc = torch.empty((), device=dev, dtype=torch.float32)
-        args += [side.fake if fake else dummy, side.codes if packed else dummy,
-                 side.scales if packed else dummy, amax,
+        side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes else None
+        args += [dummy if side.packed else side.fake, side.codes if side.packed else dummy,
+                 side.scales if side.packed else dummy, amaxes.get(side, dummy),
                  side.s_enc if side.s_enc is not None else dummy,
                  _signs(side.rht, dev, dummy) if side.rht else dummy, side.seed]
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
-        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor))  # noqa: E731
-        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, bool(fake), bool(packed), mode,
-                                     PHILOX_ROUNDS, nw)
+        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed)  # noqa: E731
+        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, mode, PHILOX_ROUNDS, nw)
         _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
     for side in (row, col):
-        if side is not None and fake and side.fake.dtype != out_dtype:
+        if side is not None and side.fake is not None and side.fake.dtype != out_dtype:
             side.fake = side.fake.to(out_dtype)
 
 
@@ -983,8 +994,8 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
     """fp4.quantize on the GPU (or under TRITON_INTERPRET): -> fp4.QTensor."""
     fmt, dim = _prep(x, fmt, dim, rht)
     x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed, x.device)
-    _run(x3, None if is_col else side, side if is_col else None, True, False, None, _cfg)
+    side = _Side(fmt, rounding, rht, seed, x.device, packed=True)
+    _run(x3, None if is_col else side, side if is_col else None, None, _cfg)
     return _qtensor(x, side, dim, x.movedim(dim, -1).shape)
 
 
@@ -993,30 +1004,23 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None,
     in x's layout (contiguous)."""
     fmt, dim = _prep(x, fmt, dim, rht)
     x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed, x.device)
-    _run(x3, None if is_col else side, side if is_col else None, False, True, dtype or x.dtype, _cfg)
+    side = _Side(fmt, rounding, rht, seed, x.device, packed=False)
+    _run(x3, None if is_col else side, side if is_col else None, dtype or x.dtype, _cfg)
     return side.fake.view(x.shape)
 
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
                   rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, _cfg=None):
-    """A 2D tensor [M, K] quantized row-wise (blocks along dim 1) and column-wise (blocks along
-    dim 0) from one read: returns (row, col), each what fake_quant (packed=False) or quantize
-    (packed=True) returns for dim=1 and dim=0 with that side's format, rounding, RHT and seed.
-    fmt_col / rounding_col default to the row side's; rht_col='same' too."""
-    if x.dim() != 2:
-        raise ValueError(f"quantize_both takes a 2D tensor, got shape {tuple(x.shape)}")
-    fmt_r, _ = _prep(x, fmt, 1, rht)
-    fmt_c, _ = _prep(x, fmt_col if fmt_col is not None else fmt_r, 0,
-                     rht if rht_col == "same" else rht_col)
-    rc = rht if rht_col == "same" else rht_col
-    row = _Side(fmt_r, rounding, rht, seed, x.device)
-    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device)
-    x3 = x.contiguous().view(1, *x.shape)
-    _run(x3, row, col, packed, not packed, dtype or x.dtype, _cfg)
-    if packed:
-        return (_qtensor(x, row, 1, x.shape), _qtensor(x, col, 0, x.t().shape))
-    return row.fake.view(x.shape), col.fake.view(x.shape)
+    """fp4.quantize_both: a 2D tensor [M, K] quantized row-wise (blocks along dim 1) and
+    column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant or
+    (if packed) quantize returns for dim=1 and dim=0 with that side's format, rounding, RHT and
+    seed, the same bits as those two calls. packed: a bool, or one per side (row, col)."""
+    fmt_r, fmt_c, rr, rc, pr, pc = fp4._both_args(x, fmt, fmt_col, rht, rht_col, packed)
+    row = _Side(fmt_r, rounding, rr, seed, x.device, pr)
+    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc)
+    _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
+    return (_qtensor(x, row, 1, x.shape) if pr else row.fake.view(x.shape),
+            _qtensor(x, col, 0, x.t().shape) if pc else col.fake.view(x.shape))
 
 
 def dequantize(q, dtype=None):

@@ -1,5 +1,6 @@
 """GPU time of each quantization a GPT-2-small FP4 linear layer runs per micro-step (issue 5/6):
-the six operands of Fprop / Dgrad / Wgrad plus the dequantize of Wgrad's packed x, at the four
+the six operands of Fprop / Dgrad / Wgrad plus the dequantize of Wgrad's packed x (x and dy each
+one kernel for both orientations, as the layer runs them, and each half alone), at the four
 linear shapes of a 12 x 768 block (16384 tokens), timed from CUDA-graph replays (no host cost),
 as effective bandwidth over the device copy.
 
@@ -36,8 +37,8 @@ def graph_ms(fn, reps=20):
 
 
 def tiles(r, T, seeds, copy_bw):
-    """dy's two SR quantizations (Dgrad row-wise, Wgrad column-wise) under other tile configs
-    (BM, BN, num_warps): which shape the kernels' default should take."""
+    """dy's two SR quantizations (Dgrad row-wise, Wgrad column-wise), alone and from one kernel,
+    under other tile configs (BM, BN, num_warps): which shape the kernels' default should take."""
     fmt = fp4.get_format(r.dgrad.fmt)
     cfgs = [None, (32, 128, 8), (16, 128, 4), (16, 128, 8), (32, 64, 4), (64, 64, 8), (16, 256, 8),
             (64, 128, 8), (32, 256, 8)]
@@ -54,6 +55,12 @@ def tiles(r, T, seeds, copy_bw):
                     continue
                 eff = dy.numel() * 4 / (ms * 1e-3) / 1e12 / copy_bw
                 print(f"| {tuple(dy.shape)} | dim {dim} | {cfg or 'default'} | {ms * 1e3:.1f} | {eff:.2f} |")
+        rr, rc = (r.rht_size if gm.rht else None for gm in (r.dgrad, r.wgrad))
+        for cfg in [None, (32, 128, 8), (64, 128, 8), (64, 64, 4), (32, 64, 4), (16, 128, 4), (32, 256, 8)]:
+            ms = graph_ms(lambda: kernels.quantize_both(dy, fmt, rounding="sr", rht=rr, rht_col=rc, seed=seeds[2],
+                                                        seed_col=seeds[4], dtype=torch.bfloat16, _cfg=cfg))
+            eff = dy.numel() * 6 / (ms * 1e-3) / 1e12 / copy_bw
+            print(f"| {tuple(dy.shape)} | both, one kernel | {cfg or 'default'} | {ms * 1e3:.1f} | {eff:.2f} |")
 
 
 def main():
@@ -86,22 +93,33 @@ def main():
         f, d, g = r.fprop, r.dgrad, r.wgrad
         q = lambda t, gemm, dim, sr, k, weight=False, packed=False: fp4._operand(  # noqa: E731
             t, gemm, r, dim, sr, seeds[k], weight=weight, dtype=torch.bfloat16, packed=packed)
+        pair = lambda t, a, b: fp4._operand_pair(t, a, b, r, torch.bfloat16, "")  # noqa: E731
         qx = q(x, g, 0, g.sr_b, 5, packed=True)
-        ops = [("fprop x (row)", x, lambda: q(x, f, -1, f.sr_a, 0), 2 + 2),
-               ("fprop W (row, fp32)", w, lambda: q(w, f, -1, f.sr_b, 1, True), 4 + 2),
-               ("wgrad x (col, packed)", x, lambda: q(x, g, 0, g.sr_b, 5, packed=True), 2 + 0.5 + 4 / 16),
-               ("dgrad dy (row)", dy, lambda: q(dy, d, -1, d.sr_a, 2), 2 + 2),
-               ("dgrad W (col, fp32)", w, lambda: q(w, d, -2, d.sr_b, 3, True), 4 + 2),
-               ("wgrad dy (col)", dy, lambda: q(dy, g, 0, g.sr_a, 4), 2 + 2),
-               ("wgrad x dequantize", x, lambda: fp4.dequantize(qx, torch.bfloat16), 2 + 0.5 + 4 / 16)]
-        for op, t, fn, bytes_per_el in ops:
+        packed_x = 0.5 + 4 / fp4.get_format(g.fmt).block  # codes + scales (stored as fp32)
+        # (what, tensor, call, bytes per element, run by the layer: the one-kernel pairs, not
+        # their two halves)
+        ops = [("fprop x (row)", x, lambda: q(x, f, -1, f.sr_a, 0), 2 + 2, False),
+               ("wgrad x (col, packed)", x, lambda: q(x, g, 0, g.sr_b, 5, packed=True), 2 + packed_x, False),
+               ("x row + col packed, one kernel", x,
+                lambda: pair(x, (f, f.sr_a, seeds[0], False, ""), (g, g.sr_b, seeds[5], True, "")),
+                2 + 2 + packed_x, True),
+               ("fprop W (row, fp32)", w, lambda: q(w, f, -1, f.sr_b, 1, True), 4 + 2, True),
+               ("dgrad dy (row)", dy, lambda: q(dy, d, -1, d.sr_a, 2), 2 + 2, False),
+               ("wgrad dy (col)", dy, lambda: q(dy, g, 0, g.sr_a, 4), 2 + 2, False),
+               ("dy row + col, one kernel", dy,
+                lambda: pair(dy, (d, d.sr_a, seeds[2], False, ""), (g, g.sr_a, seeds[4], False, "")),
+                2 + 2 + 2, True),
+               ("dgrad W (col, fp32)", w, lambda: q(w, d, -2, d.sr_b, 3, True), 4 + 2, True),
+               ("wgrad x dequantize", x, lambda: fp4.dequantize(qx, torch.bfloat16), 2 + packed_x, True)]
+        for op, t, fn, bytes_per_el, run in ops:
             if args.sr_only and "dy" not in op:
                 continue
             ms = graph_ms(fn)
-            total += ms
+            total += ms if run else 0.0
             eff = t.numel() * bytes_per_el / (ms * 1e-3) / 1e12 / copy_bw
-            print(f"| {name} | {op} | {tuple(t.shape)} | {ms * 1e3:.1f} | {eff:.2f} |")
-    print(f"\nsum over one block's four layers: {total * 1e3:.0f} us; x 12 blocks = {total * 12:.2f} ms")
+            print(f"| {name} | {op}{'' if run else ' (alone)'} | {tuple(t.shape)} | {ms * 1e3:.1f} | {eff:.2f} |")
+    print(f"\nsum over one block's four layers, as the layer runs them: {total * 1e3:.0f} us; "
+          f"x 12 blocks = {total * 12:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -220,6 +220,20 @@ def main():
         same_q(qc, ref(fp4.quantize, x, "ufp4", dim=0, rht=16), "both packed: col")
     check("quantize_both (fake nvfp4, packed ufp4+RHT)", both)
 
+    def both_layer():  # what FP4Linear asks for: x fake row + packed col, dy SR both ways
+        x = randn(*tall, seed=15)
+        seeds = torch.arange(6, device=DEV) + 41
+        for name, rr, rc in (("ufp4", 16, 16), ("nvfp4", None, 16), ("e2m1", None, 16)):
+            row, col = kernels.quantize_both(x, name, rht=rr, rht_col=rc, packed=(False, True),
+                                             dtype=torch.bfloat16)
+            same(row, ref(fp4.fake_quant, x, name, dim=1, rht=rr, dtype=torch.bfloat16), f"{name} x row")
+            same_q(col, ref(fp4.quantize, x, name, dim=0, rht=rc), f"{name} x col packed")
+            row, col = kernels.quantize_both(x, name, rounding="sr", rht=rr, rht_col=rc, seed=seeds[2],
+                                             seed_col=seeds[4], dtype=torch.bfloat16)
+            same(row, kernels.fake_quant(x, name, 1, "sr", rr, 43, torch.bfloat16), f"{name} dy row SR")
+            same(col, kernels.fake_quant(x, name, 0, "sr", rc, 45, torch.bfloat16), f"{name} dy col SR")
+    check("quantize_both as the layer calls it (per-side packed, SR, fused NVFP4 amax)", both_layer)
+
     def sr():
         n = 4096
         g = torch.Generator(device=DEV).manual_seed(7)

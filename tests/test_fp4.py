@@ -232,6 +232,20 @@ def test_saturation_never_exceeds_grid():
             assert (y.abs().reshape(8, -1, 16) <= amax * (1 + 1e-6)).all()
 
 
+def test_quantize_both_is_the_two_one_sided_calls():
+    x = torch.randn(32, 48)
+    row, col = fp4.quantize_both(x, "ufp4", "nvfp4", "sr", "rtne", rht=16, rht_col=None, seed=5,
+                                 packed=(False, True))
+    assert torch.equal(row, fp4.fake_quant(x, "ufp4", 1, "sr", 16, seed=5))
+    want = fp4.quantize(x, "nvfp4", 0)
+    assert torch.equal(col.codes, want.codes) and torch.equal(col.scales, want.scales)
+    assert col.dim == 0 and col.tensor_scale == want.tensor_scale
+    with pytest.raises(ValueError, match="2D tensor"):
+        fp4.quantize_both(x[None], "ufp4")
+    with pytest.raises(ValueError, match="dim 0 .* length 24, not a multiple of the block"):
+        fp4.quantize_both(x[:24], "ufp4")
+
+
 def test_length_not_multiple_of_block_is_a_clear_error():
     with pytest.raises(ValueError, match="not a multiple of the block size"):
         fp4.quantize(torch.randn(4, 40), "ufp4")

@@ -226,6 +226,35 @@ def test_quantize_both_matches_two_calls(packed):
                         f"{fc} col")
 
 
+def test_quantize_both_per_side_outputs_and_seeds():
+    # what the layer asks for: x fake row-wise + packed column-wise (Fprop, Wgrad), dy fake both
+    # ways with SR (Dgrad, Wgrad); seeds in memory; the bits of the two one-sided calls
+    x = randn(64, 96, seed=15)
+    seeds = torch.arange(6) + 31
+    for name, rr, rc in (("ufp4", 16, 16), ("nvfp4", None, 16), ("nvfp4", 16, 16), ("e2m1", None, 32)):
+        for rounding in ("rtne", "sr"):
+            for packed in ((False, True), (True, False), (False, False)):
+                row, col = kernels.quantize_both(x, name, rounding=rounding, rht=rr, rht_col=rc,
+                                                 seed=seeds[2], seed_col=seeds[4], packed=packed,
+                                                 dtype=torch.float32)
+                one = [(kernels.quantize(x, name, d, rounding, r, s) if p else
+                        kernels.fake_quant(x, name, d, rounding, r, s, torch.float32))
+                       for d, r, s, p in ((1, rr, 33, packed[0]), (0, rc, 35, packed[1]))]
+                what = f"{name} {rounding} rht {rr}/{rc} packed {packed}"
+                for got, want, side in zip((row, col), one, ("row", "col")):
+                    if isinstance(want, fp4.QTensor):
+                        assert_qtensor(got, want, f"{what} {side}")
+                    else:
+                        assert_same(got, want, f"{what} {side}")
+                if rounding == "rtne":  # and the reference's
+                    ref = fp4.quantize_both(x, name, rht=rr, rht_col=rc, packed=packed, dtype=torch.float32)
+                    for got, want in zip((row, col), ref):
+                        if isinstance(want, fp4.QTensor):
+                            assert_qtensor(got, want, what)
+                        else:
+                            assert_same(got, want.contiguous(), what)
+
+
 def test_2d_tiles_same_for_w_and_wt():
     """Without RHT, 16x16 tiles give the same Q(W) seen row-wise and column-wise."""
     fmt = fmt_of("nvfp4", True)
@@ -408,10 +437,10 @@ def test_launch_cache_reuses_a_compiled_kernel_only_for_the_same_specialization(
 # -----------------------------------------------------------------------------
 # The quantized layer with its quantizers dispatched to the kernels (what CUDA runs)
 
-def _layer_grads(recipe, counts=None):
+def _layer_grads(recipe, counts=None, tokens=40):
     """y, dx, dW of fp4.fp4_linear (dense, or grouped with counts) on fixed data."""
     g = torch.Generator().manual_seed(16)
-    x = torch.randn(40, 64, generator=g).requires_grad_()
+    x = torch.randn(tokens, 64, generator=g).requires_grad_()
     w_shape = (32, 64) if counts is None else (len(counts), 32, 64)
     w = torch.randn(*w_shape, generator=g).requires_grad_()
     torch.manual_seed(17)
@@ -443,6 +472,29 @@ def test_fp4_linear_through_kernels(name, monkeypatch):
         for a, b, nm in zip(_layer_grads(sr, counts), packed, ("y", "dx", "dW")):
             assert_same(a, b, f"{name} SR counts={counts} {nm}")
         monkeypatch.undo()
+
+
+def test_fp4_linear_reads_x_and_dy_once_with_the_same_bits(monkeypatch):
+    """On the Triton path a dense layer quantizes x (Fprop row-wise, Wgrad column-wise packed) and
+    dy (Dgrad row-wise, Wgrad column-wise, SR) with one kernel each: the same y, dx, dW bits as
+    one call per operand, SR included (the same seeds)."""
+    monkeypatch.setattr(fp4, "_use_triton", lambda t: True)
+    real, calls = kernels.quantize_both, []
+    monkeypatch.setattr(kernels, "quantize_both", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    for name in ("ufp4", "nvfp4", "e2m1"):
+        calls.clear()
+        fused = _layer_grads(fp4.RECIPES[name], tokens=64)
+        assert calls == [(64, 64), (64, 32)], calls
+        with monkeypatch.context() as m:
+            m.setattr(fp4, "_unpadded", lambda *a: False)
+            separate = _layer_grads(fp4.RECIPES[name], tokens=64)
+        assert len(calls) == 2  # the separate run made no fused call
+        for a, b, nm in zip(fused, separate, ("y", "dx", "dW")):
+            assert_same(a, b, f"{name} {nm}")
+    calls.clear()
+    _layer_grads(fp4.RECIPES["ufp4"], tokens=40)  # 40 tokens: Wgrad pads them to 48
+    _layer_grads(fp4.RECIPES["ufp4"], torch.tensor([7, 0, 33]))  # experts: Wgrad pads each group
+    assert calls == []
 
 
 # -----------------------------------------------------------------------------
