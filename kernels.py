@@ -128,13 +128,14 @@ def _grid_mag(idx, NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, ST0: 
 
 
 @triton.jit
-def _randbits16(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr):
-    """16 random bits per element of an [R, C] tile from one Philox call per 8 elements;
-    roff [R, C // 8] int32 are the element-group counters (distinct across the tensor)."""
+def _uniform16(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr):
+    """1 + (r + 0.5) / 2^16 (fp32) per element of an [R, C] tile, r 16 random bits placed in the
+    mantissa (no int -> float conversion), from one Philox call per 8 elements; roff [R, C // 8]
+    int32 are the element-group counters (distinct across the tensor)."""
     r0, r1, r2, r3 = tl.randint4x(seed, roff, ROUNDS)
     u = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 8, 4])
-    u = tl.join(u & 0xFFFF, u >> 16)
-    return tl.reshape(u, [R, C]).to(tl.float32)
+    u = tl.join(((u << 7) & 0x7FFF80) | 0x3F800040, ((u >> 9) & 0x7FFF80) | 0x3F800040)
+    return tl.reshape(u, [R, C]).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -218,16 +219,20 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
     yb = tl.broadcast_to(y[:, :, None], [R, NB, BLOCK])
     if SCALE == 2:  # a power of two: the product is the correctly rounded quotient
         t = xb * yb
+    elif SR:  # within an ulp of x / d: SR needs its distribution, not RTNE's bits
+        t = xb * f[:, :, None] * yb
     else:
         t = _div(xb * f[:, :, None], yb, tl.broadcast_to(-dd[:, :, None], [R, NB, BLOCK]))
     # the sign bit of x where the block is valid (per-block mask: one AND per element)
     smask = tl.broadcast_to(tl.where(valid, -2147483648, 0)[:, :, None], [R, NB, BLOCK])
     sign = xb.to(tl.int32, bitcast=True) & smask
-    a = tl.minimum(tl.abs(t), QMAX)  # invalid blocks: t is +-0 (zero / underflowed scale) or
-    #                                   the block is NaN (its values are NaN whatever the codes)
+    # invalid blocks: t is +-0 (zero / underflowed scale) or the block is NaN (its values are NaN
+    # whatever the codes). An fp32 scale puts |t| within ulps of qmax at most, which SR's floor
+    # keeps at qmax: only RTNE and the rounded scales (e4m3, e8m0) saturate
+    a = tl.abs(t) if SR and SCALE == 0 else tl.minimum(tl.abs(t), QMAX)
     if CODES:
         a = tl.where(smask != 0, a, 0.0)
-    if SR:  # round up with probability frac(k), from 16 random bits (centred)
+    if SR:  # floor(k + u), u uniform on (0, 1) in 16 bits: up with probability frac(k)
         start = tl.zeros_like(a)
         step = tl.zeros_like(a) + ST0
         inv = tl.zeros_like(a) + 1.0 / ST0
@@ -242,10 +247,8 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
             step = tl.where(in2, ST2, step)
             inv = tl.where(in2, 1.0 / ST2, inv)
         k = (a - start) * inv  # exact: steps are powers of two
-        rnd = tl.reshape(_randbits16(seed, roff, R, C, ROUNDS), [R, NB, BLOCK])
-        kl = k.to(tl.int32)
-        fr = (k - kl.to(tl.float32)) * 65536.0
-        mag = (kl + ((rnd + 0.5) < fr).to(tl.int32)).to(tl.float32) * step + start
+        one_u = tl.reshape(_uniform16(seed, roff, R, C, ROUNDS), [R, NB, BLOCK])
+        mag = (tl.floor(k + one_u) - 1.0) * step + start
     else:  # RNE of a to a multiple of its piece's step: (a + step 2^23) - step 2^23
         if E2M1:  # step = 2^(exponent of a) / 2 for a >= 1, 0.5 below: from a's exponent bits
             big = tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 4194304.0,
@@ -287,141 +290,161 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
 
 @triton.jit
 def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
-               MODE: tl.constexpr):
+               MODE: tl.constexpr, EVEN: tl.constexpr):
     """x[m0:m0+BM, n0:n0+BN] as fp32 [BM, BN]. MODE 0: two strided loads of the half-groups,
     joined, so each thread holds whole G-groups along N; MODE 1: one plain coalesced load (a
-    group spans lanes: the compiler shuffles)."""
+    group spans lanes: the compiler shuffles). EVEN: the tile lies inside x (no masks)."""
     if MODE == 1:
         r1 = m0 + tl.arange(0, BM)
         c1 = n0 + tl.arange(0, BN)
         off1 = base + r1[:, None].to(tl.int64) * N + c1[None, :]
+        if EVEN:
+            return tl.load(x_ptr + off1).to(tl.float32)
         return tl.load(x_ptr + off1, mask=(r1[:, None] < M) & (c1[None, :] < N), other=0.0).to(tl.float32)
     H: tl.constexpr = G // 2
     r = m0 + tl.arange(0, BM)
     c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
     off = base + r[:, None, None].to(tl.int64) * N + c
-    mask = (r[:, None, None] < M) & (c < N)
-    lo = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
-    hi = tl.load(x_ptr + off + H, mask=mask, other=0.0).to(tl.float32)
+    if EVEN:
+        lo = tl.load(x_ptr + off).to(tl.float32)
+        hi = tl.load(x_ptr + off + H).to(tl.float32)
+    else:
+        mask = (r[:, None, None] < M) & (c < N)
+        lo = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        hi = tl.load(x_ptr + off + H, mask=mask, other=0.0).to(tl.float32)
     return tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), [BM, BN])
 
 
 @triton.jit
 def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
-                MODE: tl.constexpr):
+                MODE: tl.constexpr, EVEN: tl.constexpr):
     """Inverse of _load_rows: v [BM, BN] -> ptr (row-major [M, N] at base)."""
     if MODE == 1:
         r1 = m0 + tl.arange(0, BM)
         c1 = n0 + tl.arange(0, BN)
         off1 = base + r1[:, None].to(tl.int64) * N + c1[None, :]
-        tl.store(ptr + off1, v.to(ptr.dtype.element_ty), mask=(r1[:, None] < M) & (c1[None, :] < N))
+        if EVEN:
+            tl.store(ptr + off1, v.to(ptr.dtype.element_ty))
+        else:
+            tl.store(ptr + off1, v.to(ptr.dtype.element_ty), mask=(r1[:, None] < M) & (c1[None, :] < N))
         return
     H: tl.constexpr = G // 2
     lo, hi = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, H]), (0, 1, 3, 2)))
     r = m0 + tl.arange(0, BM)
     c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
     off = base + r[:, None, None].to(tl.int64) * N + c
-    mask = (r[:, None, None] < M) & (c < N)
-    tl.store(ptr + off, lo.to(ptr.dtype.element_ty), mask=mask)
-    tl.store(ptr + off + H, hi.to(ptr.dtype.element_ty), mask=mask)
+    if EVEN:
+        tl.store(ptr + off, lo.to(ptr.dtype.element_ty))
+        tl.store(ptr + off + H, hi.to(ptr.dtype.element_ty))
+    else:
+        mask = (r[:, None, None] < M) & (c < N)
+        tl.store(ptr + off, lo.to(ptr.dtype.element_ty), mask=mask)
+        tl.store(ptr + off + H, hi.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _ldc(x_ptr, base, rows, n, M, N):
+def _ldc(x_ptr, base, rows, n, M, N, EVEN: tl.constexpr):
     off = base + rows[:, None].to(tl.int64) * N + n[None, :]
+    if EVEN:
+        return tl.load(x_ptr + off).to(tl.float32)
     return tl.load(x_ptr + off, mask=(rows[:, None] < M) & (n[None, :] < N), other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _ldc2(x_ptr, base, rows, n, M, N, S: tl.constexpr):
-    return tl.join(_ldc(x_ptr, base, rows, n, M, N), _ldc(x_ptr, base, rows + S, n, M, N))
+def _ldc2(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc(x_ptr, base, rows, n, M, N, EVEN), _ldc(x_ptr, base, rows + S, n, M, N, EVEN))
 
 
 @triton.jit
-def _ldc4(x_ptr, base, rows, n, M, N, S: tl.constexpr):
-    return tl.join(_ldc2(x_ptr, base, rows, n, M, N, 2 * S), _ldc2(x_ptr, base, rows + S, n, M, N, 2 * S))
+def _ldc4(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc2(x_ptr, base, rows, n, M, N, 2 * S, EVEN), _ldc2(x_ptr, base, rows + S, n, M, N, 2 * S, EVEN))
 
 
 @triton.jit
-def _ldc8(x_ptr, base, rows, n, M, N, S: tl.constexpr):
-    return tl.join(_ldc4(x_ptr, base, rows, n, M, N, 2 * S), _ldc4(x_ptr, base, rows + S, n, M, N, 2 * S))
+def _ldc8(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc4(x_ptr, base, rows, n, M, N, 2 * S, EVEN), _ldc4(x_ptr, base, rows + S, n, M, N, 2 * S, EVEN))
 
 
 @triton.jit
-def _ldc16(x_ptr, base, rows, n, M, N, S: tl.constexpr):
-    return tl.join(_ldc8(x_ptr, base, rows, n, M, N, 2 * S), _ldc8(x_ptr, base, rows + S, n, M, N, 2 * S))
+def _ldc16(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc8(x_ptr, base, rows, n, M, N, 2 * S, EVEN), _ldc8(x_ptr, base, rows + S, n, M, N, 2 * S, EVEN))
 
 
 @triton.jit
-def _ldc32(x_ptr, base, rows, n, M, N, S: tl.constexpr):
-    return tl.join(_ldc16(x_ptr, base, rows, n, M, N, 2 * S), _ldc16(x_ptr, base, rows + S, n, M, N, 2 * S))
+def _ldc32(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc16(x_ptr, base, rows, n, M, N, 2 * S, EVEN), _ldc16(x_ptr, base, rows + S, n, M, N, 2 * S, EVEN))
 
 
 @triton.jit
-def _load_cols(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
+def _load_cols(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
+               EVEN: tl.constexpr):
     """x[m0:m0+BM, n0:n0+BN] transposed, as fp32 [BN, BM]; each thread holds whole G-groups
     along M. Leaf j of the join tree loads rows m0 + g G + j (g < BM / G)."""
     rows = m0 + tl.arange(0, BM // G) * G
     n = n0 + tl.arange(0, BN)
     if G == 16:
-        t = _ldc16(x_ptr, base, rows, n, M, N, 1)
+        t = _ldc16(x_ptr, base, rows, n, M, N, 1, EVEN)
     else:
-        t = _ldc32(x_ptr, base, rows, n, M, N, 1)
+        t = _ldc32(x_ptr, base, rows, n, M, N, 1, EVEN)
     t = tl.reshape(t, [BM // G, BN, G])
     return tl.reshape(tl.permute(t, (1, 0, 2)), [BN, BM])
 
 
 @triton.jit
-def _stc(ptr, base, v, rows, n, M, N):
+def _stc(ptr, base, v, rows, n, M, N, EVEN: tl.constexpr):
     off = base + rows[:, None].to(tl.int64) * N + n[None, :]
-    tl.store(ptr + off, v.to(ptr.dtype.element_ty), mask=(rows[:, None] < M) & (n[None, :] < N))
+    if EVEN:
+        tl.store(ptr + off, v.to(ptr.dtype.element_ty))
+    else:
+        tl.store(ptr + off, v.to(ptr.dtype.element_ty), mask=(rows[:, None] < M) & (n[None, :] < N))
 
 
 @triton.jit
-def _stc2(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+def _stc2(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc(ptr, base, a, rows, n, M, N)
-    _stc(ptr, base, b, rows + S, n, M, N)
+    _stc(ptr, base, a, rows, n, M, N, EVEN)
+    _stc(ptr, base, b, rows + S, n, M, N, EVEN)
 
 
 @triton.jit
-def _stc4(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+def _stc4(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc2(ptr, base, a, rows, n, M, N, 2 * S)
-    _stc2(ptr, base, b, rows + S, n, M, N, 2 * S)
+    _stc2(ptr, base, a, rows, n, M, N, 2 * S, EVEN)
+    _stc2(ptr, base, b, rows + S, n, M, N, 2 * S, EVEN)
 
 
 @triton.jit
-def _stc8(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+def _stc8(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc4(ptr, base, a, rows, n, M, N, 2 * S)
-    _stc4(ptr, base, b, rows + S, n, M, N, 2 * S)
+    _stc4(ptr, base, a, rows, n, M, N, 2 * S, EVEN)
+    _stc4(ptr, base, b, rows + S, n, M, N, 2 * S, EVEN)
 
 
 @triton.jit
-def _stc16(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+def _stc16(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc8(ptr, base, a, rows, n, M, N, 2 * S)
-    _stc8(ptr, base, b, rows + S, n, M, N, 2 * S)
+    _stc8(ptr, base, a, rows, n, M, N, 2 * S, EVEN)
+    _stc8(ptr, base, b, rows + S, n, M, N, 2 * S, EVEN)
 
 
 @triton.jit
-def _stc32(ptr, base, v, rows, n, M, N, S: tl.constexpr):
+def _stc32(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc16(ptr, base, a, rows, n, M, N, 2 * S)
-    _stc16(ptr, base, b, rows + S, n, M, N, 2 * S)
+    _stc16(ptr, base, a, rows, n, M, N, 2 * S, EVEN)
+    _stc16(ptr, base, b, rows + S, n, M, N, 2 * S, EVEN)
 
 
 @triton.jit
-def _store_cols(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
+def _store_cols(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
+                EVEN: tl.constexpr):
     """Inverse of _load_cols: v [BN, BM] (transposed tile) -> ptr (row-major [M, N] at base)."""
     t = tl.permute(tl.reshape(v, [BN, BM // G, G]), (1, 0, 2))
     rows = m0 + tl.arange(0, BM // G) * G
     n = n0 + tl.arange(0, BN)
     if G == 16:
-        _stc16(ptr, base, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2]), rows, n, M, N, 1)
+        _stc16(ptr, base, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2]), rows, n, M, N, 1, EVEN)
     else:
-        _stc32(ptr, base, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2, 2]), rows, n, M, N, 1)
+        _stc32(ptr, base, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2, 2]), rows, n, M, N, 1, EVEN)
 
 
 @triton.jit
@@ -462,7 +485,7 @@ def _s_enc(amax_ptr, senc_ptr, QMAX: tl.constexpr, FIRST):
 def _quant_kernel(x_ptr, M, N,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
-                  BM: tl.constexpr, BN: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
                   ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, DO_ROW: tl.constexpr,
                   R_FAKE: tl.constexpr, R_PACKED: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
                   R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
@@ -480,10 +503,10 @@ def _quant_kernel(x_ptr, M, N,
                   C_SEEDPTR: tl.constexpr):
     """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
     [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
-    in fp4.py); fake outputs in x's layout. Each side writes fake values (FAKE), packed codes +
-    scales (PACKED) or both. With both sides the second read of the tile comes from L2 (one
-    pass over HBM). A side's seed is an int, or (SEEDPTR) a pointer to an int64 seed
-    in device memory, which a replayed CUDA graph reads afresh."""
+    in fp4.py); fake outputs in x's layout; EVEN: M % BM == N % BN == 0 (no masks). Each side
+    writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
+    read of the tile comes from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a
+    pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2).to(tl.int64)
@@ -491,7 +514,7 @@ def _quant_kernel(x_ptr, M, N,
     n0 = pid_n * BN
     base = a * M * N
     if DO_ROW:
-        xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD)
+        xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_RHT > 0:
             xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
         s_enc = 1.0
@@ -507,11 +530,11 @@ def _quant_kernel(x_ptr, M, N,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
                                     R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS)
         if R_FAKE:
-            _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD)
+            _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_PACKED:
             _store_packed(code, sc, a, m0, n0, M, N, r_codes, r_scales, BM, BN, R_BLOCK, R_B2D, R_G)
     if DO_COL:
-        xc = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G)  # [BN, BM]: blocks along M
+        xc = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G, EVEN)  # [BN, BM]: blocks along M
         if C_RHT > 0:
             xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
         s_enc = 1.0
@@ -527,7 +550,7 @@ def _quant_kernel(x_ptr, M, N,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
                                     C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS)
         if C_FAKE:
-            _store_cols(c_fake, base, deq, m0, n0, M, N, BM, BN, C_G)
+            _store_cols(c_fake, base, deq, m0, n0, M, N, BM, BN, C_G, EVEN)
         if C_PACKED:
             _store_packed(code, sc, a, n0, m0, N, M, c_codes, c_scales, BN, BM, C_BLOCK, C_B2D, C_G)
 
@@ -537,7 +560,7 @@ def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr
                  DO_ROW: tl.constexpr, R_G: tl.constexpr, R_RHT: tl.constexpr, R_INV: tl.constexpr,
                  R_SMASK: tl.constexpr, DO_COL: tl.constexpr, C_G: tl.constexpr,
                  C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
-                 ROWLOAD: tl.constexpr):
+                 ROWLOAD: tl.constexpr, EVEN: tl.constexpr):
     """max |x| over the tensor, after the RHT along N (row side) and/or along M (column side):
     both from one read of x when NVFP4 quantizes it both ways with different RHTs. NaN if the
     tensor has NaN."""
@@ -546,14 +569,14 @@ def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr
     a = tl.program_id(2)
     base = a.to(tl.int64) * M * N
     if DO_ROW:
-        x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, R_G, ROWLOAD)
+        x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_RHT > 0:
             x = _rht(x, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
         m = _amax(_amax(tl.abs(x), 1), 0)  # NaN if the tile has NaN
         # non-negative floats (and +NaN) order like their int32 bits: one atomic max per tensor
         tl.atomic_max(r_part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
     if DO_COL:  # (the second read of the tile comes from L2)
-        x = _load_cols(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, C_G)
+        x = _load_cols(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, C_G, EVEN)
         if C_RHT > 0:
             x = _rht(x, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
         m = _amax(_amax(tl.abs(x), 1), 0)
@@ -832,7 +855,8 @@ def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1, col_rht=None):
     both = col_rht is not None
     outs = [torch.zeros(1, device=x3.device, dtype=torch.int32) for _ in range(1 + both)]
     sides = [(not col, rht), (col or both, col_rht if both else rht)]
-    meta = dict(BM=BM, BN=BN, ROWLOAD=mode, num_warps=nw, enable_fp_fusion=False)
+    meta = dict(BM=BM, BN=BN, ROWLOAD=mode, EVEN=M % BM == 0 and N % BN == 0, num_warps=nw,
+                enable_fp_fusion=False)
     for p, (on, n) in zip(("R_", "C_"), sides):
         meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": max(16, fmt.block),
                      p + "RHT": int(n or 0) if on else 0, p + "INV": float(1.0 / math.sqrt(n or 1)),
@@ -881,7 +905,7 @@ def _launch(kernel, grid, args, meta, meta_key=None):
 
 
 @functools.lru_cache(maxsize=None)
-def _quant_meta(row_sig, col_sig, BM, BN, mode, rounds, nw):
+def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
     RHT, seed in memory, packed; None when off), and the same as the launch cache's key: built
     once, not per call."""
@@ -894,7 +918,8 @@ def _quant_meta(row_sig, col_sig, BM, BN, mode, rounds, nw):
             meta.update(_side_meta(fmt, rounding, rht, p))
             meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed})
         meta[flag] = sig is not None
-    meta.update(BM=BM, BN=BN, ROWLOAD=mode, ROUNDS=rounds, num_warps=nw, enable_fp_fusion=False)
+    meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, num_warps=nw,
+                enable_fp_fusion=False)
     return meta, tuple(sorted(meta.items()))
 
 
@@ -954,7 +979,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
         sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed)  # noqa: E731
-        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, mode, PHILOX_ROUNDS, nw)
+        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0, mode,
+                                     PHILOX_ROUNDS, nw)
         _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
     for side in (row, col):
         if side is not None and side.fake is not None and side.fake.dtype != out_dtype:
