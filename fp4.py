@@ -735,6 +735,10 @@ def _compute_dtype(x):
 
 def _apply(x, weight, counts, key, tag):
     dtype = _compute_dtype(x)  # GEMM math in fp32 on CPU, bf16 under autocast
+    if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
+        # as autocast's F.linear: x in the autocast dtype (a LayerNorm's fp32 output, cast where
+        # it is made by the compiler's fused kernel; dx comes back in that dtype, cast back there)
+        x = x.to(dtype)
     save_x = torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad, nothing to save
     with torch.autocast(x.device.type, enabled=False):
         return _linear_op(x, weight, counts, key, dtype, tag, save_x)[0]

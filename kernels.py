@@ -259,10 +259,14 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
                 big = tl.where(a >= S1, ST1 * 8388608.0, big)
             if NSEG > 2:
                 big = tl.where(a >= S2, ST2 * 8388608.0, big)
-        mag = (a + big) - big
+        biased = a + big
+        mag = biased - big
     code = 0
     if CODES:
-        idx = (mag * (1.0 / ST0)).to(tl.int32)
+        if NSEG == 1 and not SR:  # a uniform grid's index: the low mantissa bits of a + step 2^23
+            idx = biased.to(tl.int32, bitcast=True) & 7
+        else:
+            idx = (mag * (1.0 / ST0)).to(tl.int32)
         if NSEG > 1:
             idx = tl.where(mag >= S1, I1 + ((mag - S1) * (1.0 / ST1)).to(tl.int32), idx)
         if NSEG > 2:
@@ -342,37 +346,40 @@ def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, 
         tl.store(ptr + off + H, hi.to(ptr.dtype.element_ty), mask=mask)
 
 
+# The column side's join trees: leaf J moves the tile's row pointers p (rows m0 + g G) down J
+# rows, one add of a uniform J N per pointer (not a new 64-bit row product per leaf).
+
+
 @triton.jit
-def _ldc(x_ptr, base, rows, n, M, N, EVEN: tl.constexpr):
-    off = base + rows[:, None].to(tl.int64) * N + n[None, :]
+def _ldc(p, rows, nok, M, N, J: tl.constexpr, EVEN: tl.constexpr):
     if EVEN:
-        return tl.load(x_ptr + off).to(tl.float32)
-    return tl.load(x_ptr + off, mask=(rows[:, None] < M) & (n[None, :] < N), other=0.0).to(tl.float32)
+        return tl.load(p + J * N).to(tl.float32)
+    return tl.load(p + J * N, mask=((rows + J) < M)[:, None] & nok, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _ldc2(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
-    return tl.join(_ldc(x_ptr, base, rows, n, M, N, EVEN), _ldc(x_ptr, base, rows + S, n, M, N, EVEN))
+def _ldc2(p, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc(p, rows, nok, M, N, J, EVEN), _ldc(p, rows, nok, M, N, J + S, EVEN))
 
 
 @triton.jit
-def _ldc4(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
-    return tl.join(_ldc2(x_ptr, base, rows, n, M, N, 2 * S, EVEN), _ldc2(x_ptr, base, rows + S, n, M, N, 2 * S, EVEN))
+def _ldc4(p, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc2(p, rows, nok, M, N, J, 2 * S, EVEN), _ldc2(p, rows, nok, M, N, J + S, 2 * S, EVEN))
 
 
 @triton.jit
-def _ldc8(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
-    return tl.join(_ldc4(x_ptr, base, rows, n, M, N, 2 * S, EVEN), _ldc4(x_ptr, base, rows + S, n, M, N, 2 * S, EVEN))
+def _ldc8(p, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc4(p, rows, nok, M, N, J, 2 * S, EVEN), _ldc4(p, rows, nok, M, N, J + S, 2 * S, EVEN))
 
 
 @triton.jit
-def _ldc16(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
-    return tl.join(_ldc8(x_ptr, base, rows, n, M, N, 2 * S, EVEN), _ldc8(x_ptr, base, rows + S, n, M, N, 2 * S, EVEN))
+def _ldc16(p, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc8(p, rows, nok, M, N, J, 2 * S, EVEN), _ldc8(p, rows, nok, M, N, J + S, 2 * S, EVEN))
 
 
 @triton.jit
-def _ldc32(x_ptr, base, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
-    return tl.join(_ldc16(x_ptr, base, rows, n, M, N, 2 * S, EVEN), _ldc16(x_ptr, base, rows + S, n, M, N, 2 * S, EVEN))
+def _ldc32(p, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
+    return tl.join(_ldc16(p, rows, nok, M, N, J, 2 * S, EVEN), _ldc16(p, rows, nok, M, N, J + S, 2 * S, EVEN))
 
 
 @triton.jit
@@ -382,56 +389,56 @@ def _load_cols(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G:
     along M. Leaf j of the join tree loads rows m0 + g G + j (g < BM / G)."""
     rows = m0 + tl.arange(0, BM // G) * G
     n = n0 + tl.arange(0, BN)
+    p = x_ptr + (base + rows[:, None].to(tl.int64) * N + n[None, :])
     if G == 16:
-        t = _ldc16(x_ptr, base, rows, n, M, N, 1, EVEN)
+        t = _ldc16(p, rows, (n < N)[None, :], M, N, 0, 1, EVEN)
     else:
-        t = _ldc32(x_ptr, base, rows, n, M, N, 1, EVEN)
+        t = _ldc32(p, rows, (n < N)[None, :], M, N, 0, 1, EVEN)
     t = tl.reshape(t, [BM // G, BN, G])
     return tl.reshape(tl.permute(t, (1, 0, 2)), [BN, BM])
 
 
 @triton.jit
-def _stc(ptr, base, v, rows, n, M, N, EVEN: tl.constexpr):
-    off = base + rows[:, None].to(tl.int64) * N + n[None, :]
+def _stc(p, v, rows, nok, M, N, J: tl.constexpr, EVEN: tl.constexpr):
     if EVEN:
-        tl.store(ptr + off, v.to(ptr.dtype.element_ty))
+        tl.store(p + J * N, v.to(p.dtype.element_ty))
     else:
-        tl.store(ptr + off, v.to(ptr.dtype.element_ty), mask=(rows[:, None] < M) & (n[None, :] < N))
+        tl.store(p + J * N, v.to(p.dtype.element_ty), mask=((rows + J) < M)[:, None] & nok)
 
 
 @triton.jit
-def _stc2(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+def _stc2(p, v, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc(ptr, base, a, rows, n, M, N, EVEN)
-    _stc(ptr, base, b, rows + S, n, M, N, EVEN)
+    _stc(p, a, rows, nok, M, N, J, EVEN)
+    _stc(p, b, rows, nok, M, N, J + S, EVEN)
 
 
 @triton.jit
-def _stc4(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+def _stc4(p, v, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc2(ptr, base, a, rows, n, M, N, 2 * S, EVEN)
-    _stc2(ptr, base, b, rows + S, n, M, N, 2 * S, EVEN)
+    _stc2(p, a, rows, nok, M, N, J, 2 * S, EVEN)
+    _stc2(p, b, rows, nok, M, N, J + S, 2 * S, EVEN)
 
 
 @triton.jit
-def _stc8(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+def _stc8(p, v, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc4(ptr, base, a, rows, n, M, N, 2 * S, EVEN)
-    _stc4(ptr, base, b, rows + S, n, M, N, 2 * S, EVEN)
+    _stc4(p, a, rows, nok, M, N, J, 2 * S, EVEN)
+    _stc4(p, b, rows, nok, M, N, J + S, 2 * S, EVEN)
 
 
 @triton.jit
-def _stc16(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+def _stc16(p, v, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc8(ptr, base, a, rows, n, M, N, 2 * S, EVEN)
-    _stc8(ptr, base, b, rows + S, n, M, N, 2 * S, EVEN)
+    _stc8(p, a, rows, nok, M, N, J, 2 * S, EVEN)
+    _stc8(p, b, rows, nok, M, N, J + S, 2 * S, EVEN)
 
 
 @triton.jit
-def _stc32(ptr, base, v, rows, n, M, N, S: tl.constexpr, EVEN: tl.constexpr):
+def _stc32(p, v, rows, nok, M, N, J: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr):
     a, b = tl.split(v)
-    _stc16(ptr, base, a, rows, n, M, N, 2 * S, EVEN)
-    _stc16(ptr, base, b, rows + S, n, M, N, 2 * S, EVEN)
+    _stc16(p, a, rows, nok, M, N, J, 2 * S, EVEN)
+    _stc16(p, b, rows, nok, M, N, J + S, 2 * S, EVEN)
 
 
 @triton.jit
@@ -441,10 +448,11 @@ def _store_cols(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, 
     t = tl.permute(tl.reshape(v, [BN, BM // G, G]), (1, 0, 2))
     rows = m0 + tl.arange(0, BM // G) * G
     n = n0 + tl.arange(0, BN)
+    p = ptr + (base + rows[:, None].to(tl.int64) * N + n[None, :])
     if G == 16:
-        _stc16(ptr, base, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2]), rows, n, M, N, 1, EVEN)
+        _stc16(p, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2]), rows, (n < N)[None, :], M, N, 0, 1, EVEN)
     else:
-        _stc32(ptr, base, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2, 2]), rows, n, M, N, 1, EVEN)
+        _stc32(p, tl.reshape(t, [BM // G, BN, 2, 2, 2, 2, 2]), rows, (n < N)[None, :], M, N, 0, 1, EVEN)
 
 
 @triton.jit

@@ -443,6 +443,25 @@ def test_fp4_linear_is_the_three_quantized_gemms(name):
     assert (w.grad - dy.t() @ x.detach()).norm() / (dy.t() @ x.detach()).norm() < 0.3
 
 
+def test_autocast_casts_the_input_like_linear():
+    # under autocast F.linear multiplies bf16 inputs; so does the FP4 layer: an fp32 input (a
+    # LayerNorm's output) is cast before the op, and its gradient comes back in fp32
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 64, generator=g, requires_grad=True)
+    w = torch.randn(48, 64, generator=g, requires_grad=True)
+    dy = torch.randn(32, 48, generator=g)
+    out = []
+    for inp in (x, x.detach().bfloat16().requires_grad_()):
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = fp4.fp4_linear(inp, w, "ufp4")
+        y.backward(dy)
+        out.append((y, inp.grad))
+    assert y.dtype == torch.bfloat16 and x.grad.dtype == torch.float32
+    assert torch.equal(out[0][0], out[1][0])
+    assert torch.equal(out[0][1], out[1][1].float())
+
+
 def test_fp4_linear_module_shapes_bias_and_token_padding():
     torch.manual_seed(2)
     lin = fp4.FP4Linear(64, 32, recipe="ufp4")
