@@ -833,11 +833,16 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False):
     element favour 16-row tiles (16 x 128, 4 warps): 10-18 % faster than 32 x 128 for dy's column
     side at 16384 x 2304 and x 3072 and its row side at 2304 (the 8 x 512 row path, taken at 3072,
     is unchanged; results/perf/sr_tiles.md); uniform grids (UFP4) are fastest at 32 x 128. NVFP4
-    came out slower with it (its amax pass shares the tile), MXFP4 is untried."""
+    came out slower with it (its amax pass shares the tile), MXFP4 is untried.
+    Both sides in one kernel (16-bit x): 16 x 256 tiles with mode-0 row loads, 10-11 % faster
+    than 32 x 128 with plain loads for UFP4's dy at 16384 x 2304 and x 3072
+    (results/perf/session4/tiles_ufp4_pairs.txt)."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
         return 8, 512, 4, 0  # (verified on 16-bit inputs; fp32 inputs take the plain load)
+    if row and col and N % 256 == 0 and 256 % row == 0 and 16 % col == 0 and esize == 2:
+        return 16, 256, 4, 0
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N
         BM = max(16, min((2048 if heavy else 4096) // BN, _pow2_at_least(M, 16)))

@@ -229,9 +229,12 @@ def test_quantize_both_matches_two_calls(packed):
 def test_quantize_both_per_side_outputs_and_seeds():
     # what the layer asks for: x fake row-wise + packed column-wise (Fprop, Wgrad), dy fake both
     # ways with SR (Dgrad, Wgrad); seeds in memory; the bits of the two one-sided calls
-    x = randn(64, 96, seed=15)
     seeds = torch.arange(6) + 31
-    for name, rr, rc in (("ufp4", 16, 16), ("nvfp4", None, 16), ("nvfp4", 16, 16), ("e2m1", None, 32)):
+    for name, rr, rc, shape in (("ufp4", 16, 16, (64, 96)), ("nvfp4", None, 16, (64, 96)),
+                                ("nvfp4", 16, 16, (64, 96)), ("e2m1", None, 32, (64, 96)),
+                                ("ufp4", 16, 16, (48, 256))):
+        # 256 wide, 16-bit: the 16 x 256 tiles with mode-0 row loads
+        x = randn(*shape, seed=15, dtype=torch.bfloat16 if shape[1] == 256 else torch.float32)
         for rounding in ("rtne", "sr"):
             for packed in ((False, True), (True, False), (False, False)):
                 row, col = kernels.quantize_both(x, name, rounding=rounding, rht=rr, rht_col=rc,
@@ -253,6 +256,11 @@ def test_quantize_both_per_side_outputs_and_seeds():
                             assert_qtensor(got, want, what)
                         else:
                             assert_same(got, want.contiguous(), what)
+
+
+def test_pair_tiles_for_16_bit_inputs_256_wide():
+    assert kernels._tile(48, 256, 16, 16, esize=2) == (16, 256, 4, 0)
+    assert kernels._tile(48, 256, 16, 16, esize=4)[3] == 1  # fp32 inputs: plain loads
 
 
 def test_2d_tiles_same_for_w_and_wt():
