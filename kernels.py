@@ -821,7 +821,7 @@ def _pow2_at_least(n, lo):
     return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-def _tile(M, N, row, col, cfg=None, esize=2, heavy=False):
+def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
     an H200 (results/kernels_h200.md): row tiles of one row per warp (8 x 512, joined half-group
@@ -834,15 +834,18 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False):
     side at 16384 x 2304 and x 3072 and its row side at 2304 (the 8 x 512 row path, taken at 3072,
     is unchanged; results/perf/sr_tiles.md); uniform grids (UFP4) are fastest at 32 x 128. NVFP4
     came out slower with it (its amax pass shares the tile), MXFP4 is untried.
-    Both sides in one kernel (16-bit x): 16 x 256 tiles with mode-0 row loads, 10-11 % faster
-    than 32 x 128 with plain loads for UFP4's dy at 16384 x 2304 and x 3072
-    (results/perf/session4/tiles_ufp4_pairs.txt)."""
+    Both sides in one kernel (16-bit x, results/perf/session4/pair_tiles.txt): both fake (dy):
+    16 x 256 tiles with mode-0 row loads, 10-11 % faster than 32 x 128 with plain loads for
+    UFP4 at 16384 x 768 / 2304 / 3072; a packed side (x): 64 x 64 with plain loads, 3 % faster
+    than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower)."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
         return 8, 512, 4, 0  # (verified on 16-bit inputs; fp32 inputs take the plain load)
-    if row and col and N % 256 == 0 and 256 % row == 0 and 16 % col == 0 and esize == 2:
+    if row and col and esize == 2 and not packed and N % 256 == 0 and 256 % row == 0 and 16 % col == 0:
         return 16, 256, 4, 0
+    if row and col and esize == 2 and packed and N % 64 == 0 and 64 % row == 0 and 64 % col == 0:
+        return 64, 64, 4, 1
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N
         BM = max(16, min((2048 if heavy else 4096) // BN, _pow2_at_least(M, 16)))
@@ -951,7 +954,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
     heavy = any(s and s.rounding == "sr" and s.fmt.scale == "fp32" and _grid_meta_cached(s.fmt.grid)["NSEG"] > 1
                 for s in (row, col))
     BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
-                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy)
+                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy,
+                             any(s and s.packed for s in (row, col)))
     if row and row.fmt.block_2d:
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:

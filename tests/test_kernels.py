@@ -260,6 +260,7 @@ def test_quantize_both_per_side_outputs_and_seeds():
 
 def test_pair_tiles_for_16_bit_inputs_256_wide():
     assert kernels._tile(48, 256, 16, 16, esize=2) == (16, 256, 4, 0)
+    assert kernels._tile(48, 256, 16, 16, esize=2, packed=True) == (64, 64, 4, 1)
     assert kernels._tile(48, 256, 16, 16, esize=4)[3] == 1  # fp32 inputs: plain loads
 
 
