@@ -1,0 +1,104 @@
+"""Machine instructions per element of kernels.py's quantize launches, without a GPU: each launch
+is compiled for sm_90 (H100/H200) by Triton's own ptxas, the SASS is disassembled, and its
+instructions are counted per element a thread handles. The kernels have no loops, so this is
+close to what each thread runs. It shows where a quantizer's time goes once it is issue-bound,
+not bandwidth-bound (results/perf/session4/README.md).
+
+    python scripts/sass_count.py [--mix]      # --mix: the top opcodes of each launch
+
+Launch arguments are specialized the way the GPU launch specializes them (16-byte aligned
+pointers, sizes divisible by 16): without that, Triton cannot vectorize, and the counts mean
+nothing. The SASS comes from the local Triton, which may differ from the GPU machine's.
+"""
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fp4  # noqa: E402
+import kernels  # noqa: E402
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+# (name, row side, column side, (BM, BN, num_warps, row load mode)); a side: (format, rounding,
+# RHT, packed). The tiles are kernels._tile's defaults at GPT-2 shapes (16384 x 768 / 2304 / 3072).
+LAUNCHES = [
+    ("x row-wise, RTNE (Fprop)", ("ufp4", "rtne", 16, False), None, (8, 512, 4, 0)),
+    ("dy row-wise, SR (Dgrad)", ("ufp4", "sr", 16, False), None, (8, 512, 4, 0)),
+    ("dy column-wise, SR (Wgrad)", None, ("ufp4", "sr", 16, False), (32, 128, 4, 1)),
+    ("x column-wise, packed (Wgrad)", None, ("ufp4", "rtne", 16, True), (32, 128, 4, 1)),
+    ("x pair: row fake + column packed", ("ufp4", "rtne", 16, False), ("ufp4", "rtne", 16, True), (64, 64, 4, 1)),
+    ("dy pair, SR both", ("ufp4", "sr", 16, False), ("ufp4", "sr", 16, False), (16, 256, 4, 0)),
+    ("e2m1 dy column-wise, SR", None, ("e2m1", "sr", 16, False), (16, 128, 4, 1)),
+    ("nvfp4 dy column-wise, SR", None, ("nvfp4", "sr", 16, False), (32, 128, 4, 1)),
+]
+
+
+def compile_quant(row, col, BM, BN, nw, mode):
+    """_quant_kernel compiled for sm_90 as kernels._run would launch it on a bf16 tensor whose
+    tiles fit (EVEN), with seeds in device memory."""
+    def side(s):
+        if s is None:
+            return None
+        fmt, rounding, rht, packed = s
+        return kernels._Side(fp4.get_format(fmt), rounding, rht, 0, torch.device("cpu"), packed)
+    sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed)  # noqa: E731
+    meta, _ = kernels._quant_meta(sig(side(row)), sig(side(col)), BM, BN, True, mode,
+                                  kernels.PHILOX_ROUNDS, nw)
+    fn = kernels._quant_kernel
+    ptr = {"x_ptr": "*bf16", "r_fake": "*bf16", "c_fake": "*bf16", "r_codes": "*u8",
+           "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
+    signature = {n: "constexpr" if n in meta else "i32" if n in ("M", "N") else ptr.get(n, "*fp32")
+                 for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if signature[n] != "constexpr" and n not in ("r_seed", "c_seed")}
+    src = ASTSource(fn, signature, {n: meta[n] for n in fn.arg_names if n in meta}, attrs)
+    options = dict(num_warps=meta["num_warps"], enable_fp_fusion=False)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def sass(kernel):
+    """(opcode counts, registers per thread) of a compiled kernel."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        text = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", f.name], capture_output=True,
+                              text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    ops = collections.Counter()
+    for line in text.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        if m and m.group(1) != "NOP":
+            ops[m.group(1)] += 1
+    return ops, int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mix", action="store_true", help="also print each launch's top opcodes")
+    args = p.parse_args()
+    print(f"`python {' '.join(sys.argv)}`: triton {triton.__version__}, target sm_90, "
+          f"Philox rounds {kernels.PHILOX_ROUNDS}")
+    print("| launch | tile (BM, BN, warps, row load) | instructions / element | registers |")
+    print("|---|---|---|---|")
+    for name, row, col, (BM, BN, nw, mode) in LAUNCHES:
+        ops, regs = sass(compile_quant(row, col, BM, BN, nw, mode))
+        per = BM * BN / (nw * 32)  # elements per thread
+        print(f"| {name} | {BM}, {BN}, {nw}, {mode} | {sum(ops.values()) / per:.1f} | {regs} |")
+        if args.mix:
+            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | |")
+
+
+if __name__ == "__main__":
+    main()

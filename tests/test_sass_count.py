@@ -1,0 +1,30 @@
+"""scripts/sass_count.py: the quantize kernels compile for sm_90 (no GPU needed) to about as few
+instructions per element as measured when they were tuned (results/perf/session4/sass_count.txt).
+The quantizers are issue-bound on the H200, so a rise here is a slowdown there."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+# launch -> most instructions per element allowed (about 10 % above triton 3.9.0's count)
+LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 38,
+          "dy column-wise, SR (Wgrad)": 41, "x column-wise, packed (Wgrad)": 34,
+          "dy pair, SR both": 74}
+
+
+def test_quantize_kernels_stay_lean():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not interpret
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sass_count.py")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode and "ptxas" in out.stderr + out.stdout and "not found" in out.stderr:
+        pytest.skip("this triton has no ptxas")
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\| (.+?) \| [^|]+ \| ([\d.]+) \|", out.stdout, re.M)}
+    assert set(LIMITS) <= set(counts), out.stdout
+    over = {k: (counts[k], lim) for k, lim in LIMITS.items() if counts[k] > lim}
+    assert not over, f"instructions per element above the limit: {over}"
