@@ -227,9 +227,9 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
     smask = tl.broadcast_to(tl.where(valid, -2147483648, 0)[:, :, None], [R, NB, BLOCK])
     sign = xb.to(tl.int32, bitcast=True) & smask
     # invalid blocks: t is +-0 (zero / underflowed scale) or the block is NaN (its values are NaN
-    # whatever the codes). An fp32 scale puts |t| within ulps of qmax at most, which SR's floor
-    # keeps at qmax: only RTNE and the rounded scales (e4m3, e8m0) saturate
-    a = tl.abs(t) if SR and SCALE == 0 else tl.minimum(tl.abs(t), QMAX)
+    # whatever the codes). Saturate: rounded scales (e4m3, e8m0) and subnormal fp32 scales (amax
+    # below ~1e-37, where amax / qmax loses bits) let |t| pass qmax
+    a = tl.minimum(tl.abs(t), QMAX)
     if CODES:
         a = tl.where(smask != 0, a, 0.0)
     if SR:  # floor(k + u), u uniform on (0, 1) in 16 bits: up with probability frac(k)
@@ -861,11 +861,11 @@ def _num_warps(BM, BN):
     return max(4, min(8, BM * BN // 1024))
 
 
-def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1, col_rht=None):
+def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1, col_rht=None, col_fmt=None):
     """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
     an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc).
     col_rht (with col False): also the column side's amax after that RHT (0: none), from the same
-    read; returns (row amax, col amax) then."""
+    read, for a column side of format col_fmt (default fmt); returns (row amax, col amax) then."""
     A, M, N = x3.shape
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     both = col_rht is not None
@@ -873,8 +873,8 @@ def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1, col_rht=None):
     sides = [(not col, rht), (col or both, col_rht if both else rht)]
     meta = dict(BM=BM, BN=BN, ROWLOAD=mode, EVEN=M % BM == 0 and N % BN == 0, num_warps=nw,
                 enable_fp_fusion=False)
-    for p, (on, n) in zip(("R_", "C_"), sides):
-        meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": max(16, fmt.block),
+    for p, (on, n), f in zip(("R_", "C_"), sides, (fmt, col_fmt if both and col_fmt else fmt)):
+        meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": max(16, f.block),
                      p + "RHT": int(n or 0) if on else 0, p + "INV": float(1.0 / math.sqrt(n or 1)),
                      p + "SMASK": _smask(n) if on else -1})
     r_part, c_part = (outs[0], outs[-1]) if both else (outs[0], outs[0])
@@ -969,7 +969,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
     amaxes = {}
     if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
         amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, BM, BN, nw, mode,
-                                                col_rht=col.rht or 0)
+                                                col_rht=col.rht or 0, col_fmt=col.fmt)
     elif nv:
         first = nv[0]
         amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht), BM, BN, nw, mode)

@@ -258,6 +258,17 @@ def test_quantize_both_per_side_outputs_and_seeds():
                             assert_same(got, want.contiguous(), what)
 
 
+def test_quantize_both_with_other_blocks_per_side():
+    # the shared tensor-amax pass reads each side in that side's G-groups (e4m3 scales, blocks 32
+    # and 16, the RHT on one side or both)
+    e2m1_32 = fp4.Format("e2m1/32/e4m3", "e2m1", 32, "e4m3")
+    x = randn(64, 256, seed=18, dtype=torch.bfloat16)
+    for fr, fc, rr, rc in ((e2m1_32, "nvfp4", None, 16), ("nvfp4", e2m1_32, 16, None), (e2m1_32, "nvfp4", 32, 16)):
+        row, col = kernels.quantize_both(x, fr, fc, rht=rr, rht_col=rc, dtype=torch.float32)
+        assert_same(row, fp4.fake_quant(x, fr, 1, rht=rr, dtype=torch.float32), f"{fr} row")
+        assert_same(col, fp4.fake_quant(x, fc, 0, rht=rc, dtype=torch.float32).contiguous(), f"{fc} col")
+
+
 def test_pair_tiles_for_16_bit_inputs_256_wide():
     assert kernels._tile(48, 256, 16, 16, esize=2) == (16, 256, 4, 0)
     assert kernels._tile(48, 256, 16, 16, esize=2, packed=True) == (64, 64, 4, 1)
@@ -354,6 +365,20 @@ def test_sr_seeds_and_consistency():
                                    dtype=torch.float32)
         assert_same(ca[0], cb[0])
         assert_same(ca[1], cb[1])
+
+
+def test_sr_saturates_blocks_with_subnormal_scales():
+    # amax / qmax below the normal range loses bits, so x / scale can pass qmax: SR must still
+    # saturate (a code past qmax would flip the sign when packed), packed and fake agreeing
+    tiny = 2.0 ** -149
+    x = torch.zeros(64, 16)
+    x[:, 0], x[:, 1] = 10 * tiny, 3 * tiny
+    for name in ("ufp4", "e2m1"):
+        q = kernels.quantize(x, name, rounding="sr", seed=1)
+        assert (fp4.unpack_codes(q.codes) & 7).max() <= 7 and not (fp4.unpack_codes(q.codes) & 8).any()
+        fake = kernels.fake_quant(x, name, rounding="sr", seed=1, dtype=torch.float32)
+        assert_same(fake, kernels.dequantize(q, torch.float32), name)
+        assert (fake <= fp4.GRIDS[fp4.FORMATS[name].grid].qmax * q.scales.repeat_interleave(16, -1)).all()
 
 
 def test_tensor_seed_read_on_device_gives_the_int_seeds_bits():
