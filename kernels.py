@@ -12,10 +12,12 @@ dequantized values); stochastic rounding draws its own random numbers (same dist
 
 How a tile is quantized (one program, `_quant_tile`): load [R, C] -> optional RHT butterfly in the
 reference's add order -> block amax (NaN/Inf flagged separately: Triton's max may drop NaN) ->
-block scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale with
-tl.div_rn -> round to the grid (RTNE by integer arithmetic, or SR with 16 Philox bits per
-element) -> code, dequantized value. NVFP4's tensor amax (after RHT) comes from a first pass,
-`_amax_kernel`, whose per-program maxima torch reduces (no host sync). fp32 -> bf16 casts happen
+block scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale
+(exact for RTNE, a product for SR) -> round to the grid (RTNE by float arithmetic, or SR as
+floor(k + u) with 16 Philox bits per element) -> code, dequantized value. NVFP4's tensor amax
+(after RHT) comes from a first pass, `_amax_kernel` (both orientations in one read when both are
+wanted), one atomic max per program (no host sync). The kernels are issue-bound on the H200:
+`scripts/sass_count.py` counts their instructions per element without a GPU. fp32 -> bf16 casts happen
 on the GPU in the kernel (hardware RNE); under TRITON_INTERPRET the kernel writes fp32 and torch
 casts (the interpreter truncates).
 
@@ -178,8 +180,9 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
     """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
     Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
     for 2D tiles) and dequantized values [R, C] fp32 (if DEQ; divided by s_enc for e4m3).
-    Per element: one division as a multiply + 2 FMAs by the block's reciprocal, rounding to the
-    grid by adding and subtracting step * 2^23 (RNE in fp32 = ties to the even grid index)."""
+    Per element: one division as a multiply + 2 FMAs by the block's reciprocal (RTNE; SR takes
+    the product alone), rounding to the grid by adding and subtracting step * 2^23 (RNE in fp32 =
+    ties to the even grid index)."""
     NB: tl.constexpr = C // BLOCK
     xb = tl.reshape(x, [R, NB, BLOCK])
     xa = tl.abs(xb)
