@@ -235,7 +235,13 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
     a = tl.minimum(tl.abs(t), QMAX)
     if CODES:
         a = tl.where(smask != 0, a, 0.0)
-    if SR:  # floor(k + u), u uniform on (0, 1) in 16 bits: up with probability frac(k)
+    if SR and E2M1:  # a's piece from its exponent bits, as RTNE below: step = 2^e / 2, at least
+        # 0.5; each piece starts at a multiple of its step, so floor(a / step + u) needs no start
+        step = tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 0.5, 0.5)
+        inv = (0x7F000000 - step.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 1 / step
+        one_u = tl.reshape(_uniform16(seed, roff, R, C, ROUNDS), [R, NB, BLOCK])
+        mag = (tl.floor(a * inv + one_u) - 1.0) * step
+    elif SR:  # floor(k + u), u uniform on (0, 1) in 16 bits: up with probability frac(k)
         start = tl.zeros_like(a)
         step = tl.zeros_like(a) + ST0
         inv = tl.zeros_like(a) + 1.0 / ST0

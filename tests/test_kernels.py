@@ -322,6 +322,10 @@ def test_sr_unbiased(name):
         bound = 5 * step / 2 / math.sqrt(n) + 1e-7 * ref.abs().max()
         assert (err <= bound).all(), f"{name} dim={dim}: max err/bound {(err / bound).max():.2f}"
         assert (y.unique(dim=0).shape[0] > 1)
+        # every draw is a grid value of its block
+        levels = torch.tensor(lv, dtype=torch.float64)
+        gap = ((y.double().abs() / scale)[..., None] - levels).abs().amin(-1)
+        assert (gap <= 1e-6).all(), f"{name} dim={dim}: off-grid draws, worst {gap.max():.3g}"
         # exact grid points never move
         exact = (lo[0] == ref[0]) & (ref[0] != 0)
         assert (y[:, exact] == ref[0, exact]).all()

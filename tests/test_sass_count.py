@@ -1,6 +1,7 @@
 """scripts/sass_count.py: the quantize kernels compile for sm_90 (no GPU needed) to about as few
 instructions per element as measured when they were tuned (results/perf/session4/sass_count.txt).
 The quantizers are issue-bound on the H200, so a rise here is a slowdown there."""
+import importlib.util
 import os
 import re
 import subprocess
@@ -8,13 +9,15 @@ import sys
 
 import pytest
 
-pytest.importorskip("triton")
+# no `import triton` here: test_kernels.py must be first to import it, under TRITON_INTERPRET=1
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 # launch -> most instructions per element allowed (about 10 % above triton 3.9.0's count)
 LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 38,
           "dy column-wise, SR (Wgrad)": 41, "x column-wise, packed (Wgrad)": 34,
-          "dy pair, SR both": 74}
+          "dy pair, SR both": 76, "e2m1 dy column-wise, SR": 57, "nvfp4 dy column-wise, SR": 55}
 
 
 def test_quantize_kernels_stay_lean():
