@@ -274,11 +274,15 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
     if CODES:
         if NSEG == 1 and not SR:  # a uniform grid's index: the low mantissa bits of a + step 2^23
             idx = biased.to(tl.int32, bitcast=True) & 7
+        elif E2M1:  # the index is E2M1's own bits: from mag's exponent and top mantissa bit
+            # (mag >= 1: (bits - bits(0.5)) >> 22, the inverse of _unpack_operand's trick; 0, 0.5)
+            mb = mag.to(tl.int32, bitcast=True)
+            idx = tl.where(mb >= 0x3F800000, (mb - 0x3F000000) >> 22, (mb >> 24) & 1)
         else:
             idx = (mag * (1.0 / ST0)).to(tl.int32)
-        if NSEG > 1:
+        if NSEG > 1 and not E2M1:
             idx = tl.where(mag >= S1, I1 + ((mag - S1) * (1.0 / ST1)).to(tl.int32), idx)
-        if NSEG > 2:
+        if NSEG > 2 and not E2M1:
             idx = tl.where(mag >= S2, I2 + ((mag - S2) * (1.0 / ST2)).to(tl.int32), idx)
         code = tl.reshape(idx | (sign >> 28 & 8), [R, C])
     deq = 0

@@ -39,6 +39,7 @@ LAUNCHES = [
     ("dy pair, SR both", ("ufp4", "sr", 16, False), ("ufp4", "sr", 16, False), (16, 256, 4, 0)),
     ("e2m1 dy column-wise, SR", None, ("e2m1", "sr", 16, False), (16, 128, 4, 1)),
     ("nvfp4 dy column-wise, SR", None, ("nvfp4", "sr", 16, False), (32, 128, 4, 1)),
+    ("nvfp4 x column-wise, packed", None, ("nvfp4", "rtne", 16, True), (32, 128, 4, 1)),
 ]
 
 
