@@ -1,6 +1,7 @@
 #!/bin/bash
 # Issue 6's throughput and memory table on a 2-GPU machine (about 7 minutes): every recipe against
-# bf16 under CUDA graphs (compile_mode=reduce-overhead), dense and MoE, plus a kernel-time profile.
+# bf16 under CUDA graphs (compile_mode=reduce-overhead), dense and MoE, plus a kernel-time profile,
+# the per-operand quantize times and the quick kernel check (bit-exactness at real sizes).
 # Each GPU runs its own bench.py with its own bf16 baseline (ratios are within one process).
 #   bash scripts/gpu_perf.sh OUT_DIR
 set -u
@@ -11,14 +12,19 @@ G="--compile=True --compile_mode=reduce-overhead --warmup=6 --iters=10"
   CUDA_VISIBLE_DEVICES=0 python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4,nvfp4 $G \
     --out="$OUT/dense_a" > "$OUT/dense_a.log" 2>&1
   CUDA_VISIBLE_DEVICES=0 python scripts/profile_step.py configs/gpu/gpt2_small_bf16.py \
-    --recipes=bf16,ufp4 --compile --compile_mode=reduce-overhead > "$OUT/profile_graphs.txt" 2>&1
+    --recipes=bf16,ufp4,nvfp4 --compile --compile_mode=reduce-overhead > "$OUT/profile_graphs.txt" 2>&1
+  CUDA_VISIBLE_DEVICES=0 python scripts/quant_breakdown.py --recipe=ufp4 > "$OUT/quant_breakdown_ufp4.txt" 2>&1
 ) &
 (
   CUDA_VISIBLE_DEVICES=1 python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,e2m1,mxfp4 $G \
     --out="$OUT/dense_b" > "$OUT/dense_b.log" 2>&1
   CUDA_VISIBLE_DEVICES=1 python bench.py configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4 $G \
     --out="$OUT/moe" > "$OUT/moe.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 python tests/gpu_check_kernels.py --quick > "$OUT/gpu_check_kernels_quick.txt" 2>&1
 ) &
 wait
+find "$OUT" -name ckpt.pt -delete  # bench.py's checkpoints: hundreds of MB each, not results
 for f in dense_a dense_b moe; do cat "$OUT/$f/bench.md" 2>/dev/null || tail -5 "$OUT/$f.log"; echo; done
-tail -4 "$OUT/profile_graphs.txt"
+tail -5 "$OUT/profile_graphs.txt"
+tail -1 "$OUT/quant_breakdown_ufp4.txt"
+tail -1 "$OUT/gpu_check_kernels_quick.txt"
