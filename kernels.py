@@ -883,17 +883,25 @@ def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1, col_rht=None, col_fmt=No
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     both = col_rht is not None
     outs = [torch.zeros(1, device=x3.device, dtype=torch.int32) for _ in range(1 + both)]
-    sides = [(not col, rht), (col or both, col_rht if both else rht)]
-    meta = dict(BM=BM, BN=BN, ROWLOAD=mode, EVEN=M % BM == 0 and N % BN == 0, num_warps=nw,
-                enable_fp_fusion=False)
-    for p, (on, n), f in zip(("R_", "C_"), sides, (fmt, col_fmt if both and col_fmt else fmt)):
-        meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": max(16, f.block),
-                     p + "RHT": int(n or 0) if on else 0, p + "INV": float(1.0 / math.sqrt(n or 1)),
-                     p + "SMASK": _smask(n) if on else -1})
+    sides = ((not col, rht), (col or both, col_rht if both else rht))
+    groups = (max(16, fmt.block), max(16, (col_fmt if both and col_fmt else fmt).block))
+    meta, meta_key = _amax_meta(sides, groups, BM, BN, M % BM == 0 and N % BN == 0, mode, nw)
     r_part, c_part = (outs[0], outs[-1]) if both else (outs[0], outs[0])
     signs = [_signs(n, x3.device, r_part) if on and n else r_part for on, n in sides]
-    _launch(_amax_kernel, grid, (x3, r_part, c_part, M, N, *signs), meta)
+    _launch(_amax_kernel, grid, (x3, r_part, c_part, M, N, *signs), meta, meta_key)
     return tuple(outs) if both else outs[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _amax_meta(sides, groups, BM, BN, even, mode, nw):
+    """_amax_kernel's constexprs (and their launch-cache key) for one launch signature: sides
+    ((on, RHT size) for the row and column side), groups (each side's G)."""
+    meta = dict(BM=BM, BN=BN, ROWLOAD=mode, EVEN=even, num_warps=nw, enable_fp_fusion=False)
+    for p, (on, n), g in zip(("R_", "C_"), sides, groups):
+        meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": g,
+                     p + "RHT": int(n or 0) if on else 0, p + "INV": float(1.0 / math.sqrt(n or 1)),
+                     p + "SMASK": _smask(n) if on else -1})
+    return meta, tuple(sorted(meta.items()))
 
 
 _FAST = {}
