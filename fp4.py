@@ -588,13 +588,13 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, save_x):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With save_x, also Wgrad's Q(x) as a QTensor
     (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
     f, g = recipe.fprop, recipe.wgrad
-    xw = None
-    if _packs_wgrad_x(recipe, save_x) and _unpadded(x, counts, recipe, dtype):
+    xw, packs = None, _packs_wgrad_x(recipe, save_x)
+    if packs and _unpadded(x, counts, recipe, dtype):
         xq, xw = _operand_pair(x, (f, f.sr_a, seeds[0], False, "fprop_x"),
                                (g, g.sr_b, seeds[5], True, "wgrad_x"), recipe, dtype, tag)
     else:
         xq = _operand(x, f, recipe, -1, f.sr_a, seeds[0], dtype=dtype, probe=(tag, "fprop_x"))
-        if _packs_wgrad_x(recipe, save_x):
+        if packs:
             xw = _operand(_wgrad_rows(x, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
                           dtype=_wgrad_dtype(x, dtype), probe=(tag, "wgrad_x"), packed=True)
     wq = _operand(weight, f, recipe, -1, f.sr_b, seeds[1], weight=True, dtype=dtype,

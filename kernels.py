@@ -170,6 +170,13 @@ def _div(x, y, ns):
 
 
 @triton.jit
+def _pow2_floor_1(a):
+    """2^floor(log2 a), at least 1, for a >= 0 (from a's exponent bits): E2M1's step at a is half
+    of it (0.5 below 2, 1 up to 4, 2 above)."""
+    return tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True), 1.0)
+
+
+@triton.jit
 def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
                 QMAX: tl.constexpr, EMAX: tl.constexpr, NSEG: tl.constexpr,
                 S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
@@ -235,9 +242,9 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
     a = tl.minimum(tl.abs(t), QMAX)
     if CODES:
         a = tl.where(smask != 0, a, 0.0)
-    if SR and E2M1:  # a's piece from its exponent bits, as RTNE below: step = 2^e / 2, at least
-        # 0.5; each piece starts at a multiple of its step, so floor(a / step + u) needs no start
-        step = tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 0.5, 0.5)
+    if SR and E2M1:  # a's piece from its exponent bits, as RTNE below; each piece starts at a
+        # multiple of its step, so floor(a / step + u) needs no start
+        step = _pow2_floor_1(a) * 0.5
         inv = (0x7F000000 - step.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 1 / step
         one_u = tl.reshape(_uniform16(seed, roff, R, C, ROUNDS), [R, NB, BLOCK])
         mag = (tl.floor(a * inv + one_u) - 1.0) * step
@@ -259,9 +266,8 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
         one_u = tl.reshape(_uniform16(seed, roff, R, C, ROUNDS), [R, NB, BLOCK])
         mag = (tl.floor(k + one_u) - 1.0) * step + start
     else:  # RNE of a to a multiple of its piece's step: (a + step 2^23) - step 2^23
-        if E2M1:  # step = 2^(exponent of a) / 2 for a >= 1, 0.5 below: from a's exponent bits
-            big = tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True) * 4194304.0,
-                             4194304.0)
+        if E2M1:  # step * 2^23 with E2M1's step at a
+            big = _pow2_floor_1(a) * 4194304.0
         else:
             big = tl.zeros_like(a) + ST0 * 8388608.0
             if NSEG > 1:
@@ -278,12 +284,12 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
             # (mag >= 1: (bits - bits(0.5)) >> 22, the inverse of _unpack_operand's trick; 0, 0.5)
             mb = mag.to(tl.int32, bitcast=True)
             idx = tl.where(mb >= 0x3F800000, (mb - 0x3F000000) >> 22, (mb >> 24) & 1)
-        else:
+        else:  # any grid of up to three uniform pieces
             idx = (mag * (1.0 / ST0)).to(tl.int32)
-        if NSEG > 1 and not E2M1:
-            idx = tl.where(mag >= S1, I1 + ((mag - S1) * (1.0 / ST1)).to(tl.int32), idx)
-        if NSEG > 2 and not E2M1:
-            idx = tl.where(mag >= S2, I2 + ((mag - S2) * (1.0 / ST2)).to(tl.int32), idx)
+            if NSEG > 1:
+                idx = tl.where(mag >= S1, I1 + ((mag - S1) * (1.0 / ST1)).to(tl.int32), idx)
+            if NSEG > 2:
+                idx = tl.where(mag >= S2, I2 + ((mag - S2) * (1.0 / ST2)).to(tl.int32), idx)
         code = tl.reshape(idx | (sign >> 28 & 8), [R, C])
     deq = 0
     if DEQ:
@@ -306,6 +312,24 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
 
 
 @triton.jit
+def _ld(p, mask, EVEN: tl.constexpr):
+    """tl.load as fp32, masked unless EVEN (the tile lies inside the tensor: the compiler drops
+    the unused mask)."""
+    if EVEN:
+        return tl.load(p).to(tl.float32)
+    return tl.load(p, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _st(p, v, mask, EVEN: tl.constexpr):
+    """tl.store in p's dtype, masked unless EVEN."""
+    if EVEN:
+        tl.store(p, v.to(p.dtype.element_ty))
+    else:
+        tl.store(p, v.to(p.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
                MODE: tl.constexpr, EVEN: tl.constexpr):
     """x[m0:m0+BM, n0:n0+BN] as fp32 [BM, BN]. MODE 0: two strided loads of the half-groups,
@@ -315,20 +339,14 @@ def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G:
         r1 = m0 + tl.arange(0, BM)
         c1 = n0 + tl.arange(0, BN)
         off1 = base + r1[:, None].to(tl.int64) * N + c1[None, :]
-        if EVEN:
-            return tl.load(x_ptr + off1).to(tl.float32)
-        return tl.load(x_ptr + off1, mask=(r1[:, None] < M) & (c1[None, :] < N), other=0.0).to(tl.float32)
+        return _ld(x_ptr + off1, (r1[:, None] < M) & (c1[None, :] < N), EVEN)
     H: tl.constexpr = G // 2
     r = m0 + tl.arange(0, BM)
     c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
     off = base + r[:, None, None].to(tl.int64) * N + c
-    if EVEN:
-        lo = tl.load(x_ptr + off).to(tl.float32)
-        hi = tl.load(x_ptr + off + H).to(tl.float32)
-    else:
-        mask = (r[:, None, None] < M) & (c < N)
-        lo = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        hi = tl.load(x_ptr + off + H, mask=mask, other=0.0).to(tl.float32)
+    mask = (r[:, None, None] < M) & (c < N)
+    lo = _ld(x_ptr + off, mask, EVEN)
+    hi = _ld(x_ptr + off + H, mask, EVEN)
     return tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), [BM, BN])
 
 
@@ -340,23 +358,16 @@ def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, 
         r1 = m0 + tl.arange(0, BM)
         c1 = n0 + tl.arange(0, BN)
         off1 = base + r1[:, None].to(tl.int64) * N + c1[None, :]
-        if EVEN:
-            tl.store(ptr + off1, v.to(ptr.dtype.element_ty))
-        else:
-            tl.store(ptr + off1, v.to(ptr.dtype.element_ty), mask=(r1[:, None] < M) & (c1[None, :] < N))
+        _st(ptr + off1, v, (r1[:, None] < M) & (c1[None, :] < N), EVEN)
         return
     H: tl.constexpr = G // 2
     lo, hi = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, H]), (0, 1, 3, 2)))
     r = m0 + tl.arange(0, BM)
     c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
     off = base + r[:, None, None].to(tl.int64) * N + c
-    if EVEN:
-        tl.store(ptr + off, lo.to(ptr.dtype.element_ty))
-        tl.store(ptr + off + H, hi.to(ptr.dtype.element_ty))
-    else:
-        mask = (r[:, None, None] < M) & (c < N)
-        tl.store(ptr + off, lo.to(ptr.dtype.element_ty), mask=mask)
-        tl.store(ptr + off + H, hi.to(ptr.dtype.element_ty), mask=mask)
+    mask = (r[:, None, None] < M) & (c < N)
+    _st(ptr + off, lo, mask, EVEN)
+    _st(ptr + off + H, hi, mask, EVEN)
 
 
 # The column side's join trees: leaf J moves the tile's row pointers p (rows m0 + g G) down J
@@ -365,9 +376,7 @@ def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, 
 
 @triton.jit
 def _ldc(p, rows, nok, M, N, J: tl.constexpr, EVEN: tl.constexpr):
-    if EVEN:
-        return tl.load(p + J * N).to(tl.float32)
-    return tl.load(p + J * N, mask=((rows + J) < M)[:, None] & nok, other=0.0).to(tl.float32)
+    return _ld(p + J * N, ((rows + J) < M)[:, None] & nok, EVEN)
 
 
 @triton.jit
@@ -413,10 +422,7 @@ def _load_cols(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G:
 
 @triton.jit
 def _stc(p, v, rows, nok, M, N, J: tl.constexpr, EVEN: tl.constexpr):
-    if EVEN:
-        tl.store(p + J * N, v.to(p.dtype.element_ty))
-    else:
-        tl.store(p + J * N, v.to(p.dtype.element_ty), mask=((rows + J) < M)[:, None] & nok)
+    _st(p + J * N, v, ((rows + J) < M)[:, None] & nok, EVEN)
 
 
 @triton.jit
