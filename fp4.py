@@ -577,18 +577,19 @@ def _unpadded(t, counts, recipe, dtype):
     dtype: one tensor serves its row-wise and column-wise quantization (_operand_pair)."""
     return counts is None and t.shape[0] % _wgrad_block(recipe) == 0 and _wgrad_dtype(t, dtype) == dtype
 
-def _packs_wgrad_x(recipe, save_x):
-    """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when Wgrad quantizes it."""
-    return bool(save_x and recipe.wgrad.fmt)
+def _packs_wgrad_x(recipe, pack_x):
+    """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when asked to and Wgrad
+    quantizes it."""
+    return bool(pack_x and recipe.wgrad.fmt)
 
 # Six SR seeds per layer call, one per operand: Fprop x [0], W [1]; Dgrad dy [2], W [3]; Wgrad dy [4],
 # x [5] (Wgrad's x is quantized in _forward when it is saved packed, else in _backward).
 
-def _forward(x, weight, counts, recipe, dtype, tag, seeds, save_x):
-    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With save_x, also Wgrad's Q(x) as a QTensor
+def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x):
+    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x) as a QTensor
     (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
     f, g = recipe.fprop, recipe.wgrad
-    xw, packs = None, _packs_wgrad_x(recipe, save_x)
+    xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     if packs and _unpadded(x, counts, recipe, dtype):
         xq, xw = _operand_pair(x, (f, f.sr_a, seeds[0], False, "fprop_x"),
                                (g, g.sr_b, seeds[5], True, "wgrad_x"), recipe, dtype, tag)
@@ -662,12 +663,12 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 # tagged random: the compiler must neither merge two calls nor recompute one in backward
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
-               tag: str, save_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+               tag: str, pack_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], see _seed_device) and Wgrad's packed x: codes, scales,
     tensor scale (empty tensors where there is none)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
-    y, q = _forward(x, weight, counts, r, dtype, tag, seed, save_x)
+    y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x)
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     if q is None:
         return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
@@ -675,12 +676,12 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
             q.tensor_scale if q.tensor_scale is not None else none(torch.float32))
 
 @_linear_op.register_fake
-def _(x, weight, counts, recipe, dtype, tag, save_x):
+def _(x, weight, counts, recipe, dtype, tag, pack_x):
     r = _RECIPES_BY_KEY[recipe]
     empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
     y = empty(x.shape[0], weight.shape[-2], dt=dtype)
     seed = torch.empty(6, dtype=torch.int64, device=_seed_device(x))
-    if not _packs_wgrad_x(r, save_x):
+    if not _packs_wgrad_x(r, pack_x):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
     n = _wgrad_length(x.shape[0], counts, _wgrad_multiple(r, counts, x.device))
@@ -711,9 +712,9 @@ def _(dy, weight, counts, seed, x_saved, recipe, dtype, x_dtype, tag, need_dx, n
             weight.new_empty(weight.shape if need_dw else (0,)))
 
 def _setup_context(ctx, inputs, output):
-    x, weight, counts, recipe, dtype, tag, save_x = inputs
+    x, weight, counts, recipe, dtype, tag, pack_x = inputs
     _, seed, codes, scales, s_enc = output
-    packed = _packs_wgrad_x(_RECIPES_BY_KEY[recipe], save_x)
+    packed = _packs_wgrad_x(_RECIPES_BY_KEY[recipe], pack_x)
     ctx.save_for_backward(weight, counts, seed, *((codes, scales, s_enc) if packed else (x,)))
     ctx.mark_non_differentiable(seed, codes, scales, s_enc)
     ctx.set_materialize_grads(False)
@@ -733,15 +734,15 @@ def _compute_dtype(x):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
 
-def _apply(x, weight, counts, key, tag):
+def _apply(x, weight, counts, key, tag, pack_x=True):
     dtype = _compute_dtype(x)  # GEMM math in fp32 on CPU, bf16 under autocast
     if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
         # as autocast's F.linear: x in the autocast dtype (a LayerNorm's fp32 output, cast where
         # it is made by the compiler's fused kernel; dx comes back in that dtype, cast back there)
         x = x.to(dtype)
-    save_x = torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad, nothing to save
+    pack_x = pack_x and torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad
     with torch.autocast(x.device.type, enabled=False):
-        return _linear_op(x, weight, counts, key, dtype, tag, save_x)[0]
+        return _linear_op(x, weight, counts, key, dtype, tag, pack_x)[0]
 
 def fp4_linear(x, weight, recipe, counts=None, tag=""):
     """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a
@@ -765,21 +766,28 @@ class _Quantized:
 class FP4Linear(_Quantized, nn.Linear):
     """Drop-in nn.Linear whose three GEMMs are quantized per `recipe` (bf16: exactly nn.Linear)."""
 
-    def __init__(self, in_features, out_features, bias=True, recipe="bf16", device=None, dtype=None):
+    def __init__(self, in_features, out_features, bias=True, recipe="bf16", device=None, dtype=None,
+                 pack_x=True):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe = recipe
         check_dims(self.recipe, in_features, out_features)
         self.tag = ""  # the layer's name in probe_alphas() records (convert sets it)
+        # Wgrad's x saved as packed 4-bit codes + scales (True), or x itself: for a layer whose
+        # input another op saves anyway (attention's output, which SDPA keeps for its backward),
+        # where a packed copy would add memory instead of saving it
+        self.pack_x = pack_x
 
     def forward(self, x):
         if not self.recipe.quantized:
             return F.linear(x, self.weight, self.bias)
-        y = _apply(x.reshape(-1, x.shape[-1]), self.weight, None, self._recipe_key, self.tag)
+        y = _apply(x.reshape(-1, x.shape[-1]), self.weight, None, self._recipe_key, self.tag,
+                   self.pack_x)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
     def extra_repr(self):
-        return super().extra_repr() + f", recipe={self.recipe.name}"
+        return super().extra_repr() + f", recipe={self.recipe.name}" + ("" if self.pack_x else
+                                                                        ", pack_x=False")
 
 class GroupedLinear(_Quantized, nn.Module):
     """num_groups independent linears (no bias) applied to row groups: the MoE experts.
@@ -803,10 +811,12 @@ class GroupedLinear(_Quantized, nn.Module):
         g, o, i = self.weight.shape
         return f"groups={g}, in_features={i}, out_features={o}, recipe={self.recipe.name}"
 
-def convert(model, recipe, blocks_attr="blocks", keep=("router",)):
+def convert(model, recipe, blocks_attr="blocks", keep=("router",), keep_x=("attn.proj",)):
     """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
     GroupedLinears), except blocks the recipe keeps in bf16 and modules whose name ends with a
-    name in `keep` (the MoE router). Parameters are shared, not copied. Returns the model."""
+    name in `keep` (the MoE router). Linears named in `keep_x` (within a block) save their input x
+    for Wgrad rather than packed codes (FP4Linear.pack_x): model.py's attention output, which
+    SDPA saves anyway. Parameters are shared, not copied. Returns the model."""
     recipe = make_recipe(recipe)
     blocks = getattr(model, blocks_attr)
     bf16 = recipe.bf16_blocks(len(blocks))
@@ -818,10 +828,12 @@ def convert(model, recipe, blocks_attr="blocks", keep=("router",)):
             if isinstance(mod, (GroupedLinear, FP4Linear)):  # already converted: just re-recipe
                 check_dims(r, mod.in_features, mod.out_features)
                 mod.recipe, mod.tag = r, f"{blocks_attr}.{i}.{name}"
+                if isinstance(mod, FP4Linear):
+                    mod.pack_x = name not in keep_x
             elif isinstance(mod, nn.Linear):
                 check_dims(r, mod.in_features, mod.out_features)
                 new = FP4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
-                                recipe=r, device="meta")
+                                recipe=r, device="meta", pack_x=name not in keep_x)
                 new.weight, new.tag = mod.weight, f"{blocks_attr}.{i}.{name}"
                 if mod.bias is not None:
                     new.bias = mod.bias

@@ -746,7 +746,7 @@ def test_packed_wgrad_x_equals_quantizing_x_in_backward(name, monkeypatch):
         return outs
 
     packed = run()
-    monkeypatch.setattr(fp4, "_packs_wgrad_x", lambda recipe, save_x: False)
+    monkeypatch.setattr(fp4, "_packs_wgrad_x", lambda recipe, pack_x: False)
     unpacked = run()
     assert all(torch.equal(a, b) for a, b in zip(packed, unpacked))
 
@@ -760,6 +760,26 @@ def test_fp4_linear_saves_packed_x_not_x():
     # 4-bit codes + one fp32 scale per 16 tokens (0.75 bytes per element) + six int64 SR seeds
     assert ufp4 == T * d // 2 + T * d // 16 * 4 + 6 * 8
     assert ufp4 < 0.4 * bf16
+
+
+def test_pack_x_false_keeps_x_and_gives_the_same_gradients():
+    """A layer whose input another op keeps anyway (attention's output, kept by SDPA) saves x
+    itself, not a packed copy, and quantizes it in backward: the same bits, SR included."""
+    T, d = 64, 32
+    r = fp4.make_recipe("ufp4")
+    r = fp4.replace(r, wgrad=fp4.replace(r.wgrad, sr_b=True))
+    x = torch.randn(T, d)
+    grads = []
+    for pack_x in (True, False):
+        layer = fp4.FP4Linear(d, d, bias=False, recipe=r, pack_x=pack_x)
+        torch.manual_seed(1)
+        layer.weight.data.normal_()
+        xi = x.clone().requires_grad_()
+        torch.manual_seed(2)
+        saved = fp4.saved_bytes(layer, xi)
+        grads.append((xi.grad, layer.weight.grad))
+        assert saved == (T * d * 4 if not pack_x else T * d // 2 + T * d // 16 * 4) + 6 * 8
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
 def test_cli_prints_tables():

@@ -506,7 +506,7 @@ def test_fp4_linear_through_kernels(name, monkeypatch):
             else:
                 assert_same(a, b, f"{name} counts={counts} {nm}")
         packed = _layer_grads(sr, counts)
-        monkeypatch.setattr(fp4, "_packs_wgrad_x", lambda recipe, save_x: False)
+        monkeypatch.setattr(fp4, "_packs_wgrad_x", lambda recipe, pack_x: False)
         for a, b, nm in zip(_layer_grads(sr, counts), packed, ("y", "dx", "dW")):
             assert_same(a, b, f"{name} SR counts={counts} {nm}")
         monkeypatch.undo()
