@@ -7,11 +7,13 @@ bench.py: training throughput and memory of several recipes on one config, in on
 Each recipe is a real `train.main` run (no second trainer) with the same model, batch and seed:
 `--warmup` steps, then `--iters` timed steps, no eval until the end. Step time is the median of
 the timed steps' `dt_ms` from log.jsonl; peak memory is torch.cuda.max_memory_allocated over the
-run. Extra --key=value arguments go to train.py. Writes OUT/bench.json and OUT/bench.md, with the
+run (each recipe starts from a reset compiler: no CUDA-graph memory left by the one before).
+Extra --key=value arguments go to train.py. Writes OUT/bench.json and OUT/bench.md, with the
 command, date, device and library versions, and ratios to the first recipe.
 """
 import argparse
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -27,6 +29,10 @@ def bench_one(config, recipe, warmup, iters, out_dir, extra):
             "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--warmup_iters=1",
             "--always_save_checkpoint=False", "--final_sample_tokens=0"] + list(extra)
     if torch.cuda.is_available():
+        # the previous recipe's compiled graphs hold their CUDA-graph memory pool until reset:
+        # without this, every recipe's peak would include the ones before it
+        torch.compiler.reset()
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     if os.path.exists(os.path.join(out_dir, "log.jsonl")):

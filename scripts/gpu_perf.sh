@@ -23,8 +23,15 @@ G="--compile=True --compile_mode=reduce-overhead --warmup=6 --iters=10"
   CUDA_VISIBLE_DEVICES=1 python tests/gpu_check_kernels.py --quick > "$OUT/gpu_check_kernels_quick.txt" 2>&1
 ) &
 wait
-find "$OUT" -name ckpt.pt -delete  # bench.py's checkpoints: hundreds of MB each, not results
-for f in dense_a dense_b moe; do cat "$OUT/$f/bench.md" 2>/dev/null || tail -5 "$OUT/$f.log"; echo; done
+# flat, few files (the device tool brings back at most 8): each bench's json + md, one log, drop
+# bench.py's run folders (checkpoints of hundreds of MB, per-recipe logs)
+for f in dense_a dense_b moe; do
+  cp "$OUT/$f/bench.json" "$OUT/bench_$f.json" 2>/dev/null
+  { cat "$OUT/$f/bench.md" 2>/dev/null || tail -5 "$OUT/$f.log"; echo; } >> "$OUT/bench.md"
+  { echo "=== $f"; cat "$OUT/$f.log"; } >> "$OUT/bench_logs.txt"
+  rm -rf "$OUT/$f" "$OUT/$f.log"
+done
+cat "$OUT/bench.md"
 tail -5 "$OUT/profile_graphs.txt"
 tail -1 "$OUT/quant_breakdown_ufp4.txt"
 tail -1 "$OUT/gpu_check_kernels_quick.txt"
