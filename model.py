@@ -221,6 +221,17 @@ class MoE(nn.Module):
 # -----------------------------------------------------------------------------
 # Transformer block and the GPT
 
+def cross_entropy(logits, targets, rows=2048):
+    """Mean fp32 cross-entropy over the targets that are not -1. Without autograd (eval, eager)
+    in chunks of `rows` tokens: F.cross_entropy would hold an fp32 copy of all logits and their
+    log-softmax at once (6 GiB at 16k tokens x 50k vocab, the peak of a whole training run)."""
+    logits, targets = logits.view(-1, logits.size(-1)), targets.view(-1)
+    if torch.is_grad_enabled():  # training: torch.compile fuses the upcast and the softmax
+        return F.cross_entropy(logits.float(), targets, ignore_index=-1)
+    total = sum(F.cross_entropy(lg.float(), t, ignore_index=-1, reduction="sum")
+                for lg, t in zip(logits.split(rows), targets.split(rows)))
+    return total / (targets != -1).sum()
+
 class Block(nn.Module):
     def __init__(self, config, moe):
         super().__init__()
@@ -290,8 +301,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x if full_logits else x[:, [-1], :]), None
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1),
-                               ignore_index=-1)
+        loss = cross_entropy(logits, targets)
         self._ce_loss = loss.detach()
         moes = self.moe_layers
         if moes and self.training:

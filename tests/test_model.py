@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fp4  # noqa: E402
-from model import GPT, GPTConfig, MoE  # noqa: E402
+from model import GPT, GPTConfig, MoE, cross_entropy  # noqa: E402
 
 V, T = 128, 16
 
@@ -81,6 +81,19 @@ def test_ignore_index_and_too_long():
     torch.testing.assert_close(loss, ref)
     with pytest.raises(ValueError, match="block_size"):
         model(torch.zeros(1, T + 1, dtype=torch.long))
+
+def test_eval_cross_entropy_in_chunks_equals_the_whole():
+    """Eval (no autograd) computes the loss in chunks of rows, so no fp32 copy of all logits is
+    alive at once; it is the same mean, ignored targets included."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 37, V, dtype=torch.bfloat16) * 4
+    targets = torch.randint(0, V, (2, 37))
+    targets[0, :5] = -1
+    ref = F.cross_entropy(logits.float().view(-1, V), targets.view(-1), ignore_index=-1)
+    with torch.no_grad():
+        chunked = cross_entropy(logits, targets, rows=8)  # 74 tokens: 9 full chunks and a rest
+    torch.testing.assert_close(chunked, ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(cross_entropy(logits, targets), ref)  # with autograd: F.cross_entropy itself
 
 # -----------------------------------------------------------------------------
 # MoE: the grouped path against a per-token loop, no drops, the balancing losses
