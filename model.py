@@ -282,11 +282,12 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, full_logits=False):
         """-> (logits, loss). Without targets: logits of the last position only [B, 1, V] (all
-        positions with full_logits=True) and loss None. With targets: None and the cross-entropy
-        (targets -1 are ignored), plus, in training mode only, the weighted MoE aux and z losses
-        (averaged over MoE layers): eval losses stay comparable with dense models. No logits with
-        the loss: under torch.compile a returned logits tensor gets a zero gradient of its own size
-        in backward (1.5 GiB at GPT-2 small's 16k tokens), alive at the step's memory peak."""
+        positions with full_logits=True) and loss None. With targets: None (full_logits or not)
+        and the cross-entropy (targets -1 are ignored), plus, in training mode only, the weighted
+        MoE aux and z losses (averaged over MoE layers): eval losses stay comparable with dense
+        models. No logits with the loss: under torch.compile a returned logits tensor gets a zero
+        gradient of its own size in backward (1.5 GiB at GPT-2 small's 16k tokens), alive at the
+        step's memory peak."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")

@@ -25,6 +25,8 @@ G="--compile=True --compile_mode=reduce-overhead --warmup=6 --iters=10"
 wait
 # flat, few files (the device tool brings back at most 8): each bench's json + md, one log, drop
 # bench.py's run folders (checkpoints of hundreds of MB, per-recipe logs)
+: > "$OUT/bench.md"
+: > "$OUT/bench_logs.txt"
 for f in dense_a dense_b moe; do
   cp "$OUT/$f/bench.json" "$OUT/bench_$f.json" 2>/dev/null
   { cat "$OUT/$f/bench.md" 2>/dev/null || tail -5 "$OUT/$f.log"; echo; } >> "$OUT/bench.md"

@@ -284,11 +284,12 @@ def test_2d_weight_blocks_same_for_w_and_wt():
 def test_rht_is_orthogonal_and_preserves_products(n):
     Q = fp4.rht_matrix(n).double()
     assert torch.allclose(Q @ Q.t(), torch.eye(n, dtype=torch.float64), atol=1e-6)
+    torch.manual_seed(n)
     A, B = torch.randn(8, 4 * n), torch.randn(5, 4 * n)
     AQ, BQ = fp4.rht_transform(A, n), fp4.rht_transform(B, n)
     torch.testing.assert_close(AQ @ BQ.t(), A @ B.t(), rtol=1e-5, atol=1e-4)
-    # the butterfly is the matrix
-    torch.testing.assert_close(AQ, (A.view(8, 4, n) @ fp4.rht_matrix(n)).view(8, 4 * n), rtol=1e-6, atol=1e-6)
+    # the butterfly is the matrix (up to fp32 rounding: log2(n) adds against an n-term dot)
+    torch.testing.assert_close(AQ, (A.view(8, 4, n) @ fp4.rht_matrix(n)).view(8, 4 * n), rtol=1e-5, atol=1e-5)
     # along dim 0 too (Wgrad)
     torch.testing.assert_close(fp4.rht_transform(A.t(), n, dim=0), AQ.t())
 

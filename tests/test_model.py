@@ -1,6 +1,7 @@
 """Tests for model.py: shapes, causality, the dropless MoE against a per-token reference, the
 balancing losses and bias, accounting, and the model under fp4.convert. CPU, tiny models."""
 import copy
+import functools
 import math
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fp4  # noqa: E402
+import model as model_module  # noqa: E402
 from model import GPT, GPTConfig, MoE, cross_entropy  # noqa: E402
 
 V, T = 128, 16
@@ -94,6 +96,21 @@ def test_eval_cross_entropy_in_chunks_equals_the_whole():
         chunked = cross_entropy(logits, targets, rows=8)  # 74 tokens: 9 full chunks and a rest
     torch.testing.assert_close(chunked, ref, rtol=1e-6, atol=1e-6)
     assert torch.equal(cross_entropy(logits, targets), ref)  # with autograd: F.cross_entropy itself
+
+
+def test_eval_loss_of_the_model_in_chunks(monkeypatch):
+    """GPT.forward's eval loss through the chunked path (chunks of 8 of its 64 tokens) is the
+    cross-entropy of its logits."""
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    x, y = batch()
+    y[0, :5] = -1
+    monkeypatch.setattr(model_module, "cross_entropy", functools.partial(cross_entropy, rows=8))
+    with torch.no_grad():
+        _, loss = model(x, y)
+        logits, _ = model(x, full_logits=True)
+    torch.testing.assert_close(loss, F.cross_entropy(logits.view(-1, V), y.view(-1), ignore_index=-1),
+                               rtol=1e-6, atol=1e-6)
 
 # -----------------------------------------------------------------------------
 # MoE: the grouped path against a per-token loop, no drops, the balancing losses
