@@ -7,11 +7,13 @@ Builds the config's model (random tokens, no data needed) and records the cachin
 events (torch.cuda.memory._record_memory_history) over the first `steps` optimizer steps of two
 micro-steps each (forward+backward twice, then AdamW), compilation and CUDA-graph recording
 included. Replaying the events gives the peak of allocated bytes over the whole run (what
-bench.py reports) and over the last step (the steady state), the allocation that reached each,
-and every block alive at that moment, grouped by where it was allocated: the step and phase, and
-a line of model.py / fp4.py / kernels.py (or of inductor's generated code, by the source nodes
-it names). A replay of CUDA graphs allocates nothing, so under reduce-overhead the last step's
-live set is seen only through what the graphs' recording left alive."""
+bench.py reports, a little lower: the trace has the bytes asked for, the allocator's statistic
+counts them rounded up to its 512-byte blocks) and over the last step (the steady state), the
+allocation that reached each, and every block alive at that moment, grouped by where it was
+allocated: the step and phase, and a line of model.py / fp4.py / kernels.py (or of inductor's
+generated code, by the source nodes it names). A replay of CUDA graphs allocates nothing, so under
+reduce-overhead the last step's live set is seen only through what the graphs' recording left
+alive."""
 import argparse
 import collections
 import datetime
@@ -58,6 +60,38 @@ def label(frames, phase):
     return f"{phase} " + (f"{os.path.basename(frames[0]['filename'])}:{frames[0]['name']}" if frames else "?")
 
 
+def replay(trace, marks, base, last_step):
+    """The allocator's events replayed: {"whole run" | "last step": (peak bytes, the label of what
+    reached it, {addr: (size, label)} alive then, bytes from before recording alive then)}.
+    marks: (trace index, phase) as each phase starts; base: bytes allocated before recording;
+    last_step: the trace index where the last step starts."""
+    # the allocator's statistic drops when a block is freed (free_requested), not when a block
+    # used on another stream is finally returned (free_completed); older traces lack the former
+    free_action = "free_requested" if any(e["action"] == "free_requested" for e in trace) else "free_completed"
+    live, before = {}, base  # addr -> (size, label); `before`: bytes from before recording still alive
+    now, peaks = base, {"whole run": (base, None, {}, base), "last step": (0, None, {}, base)}
+    phase_at = iter(marks[1:] + [(len(trace) + 2, None)])
+    phase, (next_at, next_phase) = marks[0][1], next(phase_at)
+    for i, e in enumerate(trace + [{"action": "end"}]):  # "end": a last step without events
+        while i >= next_at:
+            phase, (next_at, next_phase) = next_phase, next(phase_at)
+        if i == last_step:  # what the last step starts with counts too
+            peaks["last step"] = (now, "the start of the last step", dict(live), before)
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], label(e.get("frames", []), phase))
+            now += e["size"]
+            for key in ("whole run", "last step") if i >= last_step else ("whole run",):
+                if now > peaks[key][0]:
+                    peaks[key] = (now, live[e["addr"]][1], dict(live), before)
+        elif e["action"] == free_action:
+            if e["addr"] in live:
+                now -= live.pop(e["addr"])[0]
+            else:
+                now -= e["size"]
+                before -= e["size"]
+    return peaks
+
+
 def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=("attn.proj",)):
     """Records `steps` optimizer steps from the first (compilation and CUDA-graph recording
     included, as bench.py's peak is over the whole run) and prints the live set at the peak of the
@@ -85,7 +119,8 @@ def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=("attn.proj",)):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    max_entries = 2_000_000
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     for s in range(1, steps + 1):  # two micro-steps per step, as train.py with gradient
         for micro in (1, 2):        # accumulation: the second runs with the first's gradients alive
             mark(f"step{s} fwd{micro}")
@@ -101,28 +136,12 @@ def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=("attn.proj",)):
     torch.cuda.synchronize()
     trace = torch.cuda.memory._snapshot()["device_traces"][dev]
     torch.cuda.memory._record_memory_history(enabled=None)
+    if len(trace) >= max_entries:  # a ring buffer: the oldest events, and the marks, would be off
+        raise SystemExit(f"the allocator's trace filled its {max_entries} entries: use fewer --steps")
     peak_stat = torch.cuda.max_memory_allocated()
     last_step = [n for n, m in marks if m == f"step{steps} fwd1"][0]
 
-    live, before = {}, base  # addr -> (size, label); `before`: bytes from before recording still alive
-    now, peaks = base, {"whole run": (base, None, {}, base), "last step": (0, None, {}, base)}
-    phase_at = iter(marks[1:] + [(len(trace) + 1, None)])
-    phase, (next_at, next_phase) = marks[0][1], next(phase_at)
-    for i, e in enumerate(trace):
-        while i >= next_at:
-            phase, (next_at, next_phase) = next_phase, next(phase_at)
-        if e["action"] == "alloc":
-            live[e["addr"]] = (e["size"], label(e.get("frames", []), phase))
-            now += e["size"]
-            for key in ("whole run", "last step") if i >= last_step else ("whole run",):
-                if now > peaks[key][0]:
-                    peaks[key] = (now, f"{live[e['addr']][1]}", dict(live), before)
-        elif e["action"] == "free_completed":
-            if e["addr"] in live:
-                now -= live.pop(e["addr"])[0]
-            else:
-                now -= e["size"]
-                before -= e["size"]
+    peaks = replay(trace, marks, base, last_step)
     gib = 2**30
     print(f"\n## {recipe} ({mode or 'eager'}, keep_x={keep_x}): allocator's max_memory_allocated {peak_stat / gib:.2f} GiB")
     for key, (peak, at, peak_live, peak_before) in peaks.items():
@@ -131,7 +150,7 @@ def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=("attn.proj",)):
             groups[lab] += size
         print(f"\n{key}: peak {peak / gib:.2f} GiB (replayed from the trace), reached by: {at}")
         print("| MiB | where it was allocated (step, phase, line) |\n|---|---|")
-        print(f"| {peak_before / 2**20:.0f} | before recording (weights) |")
+        print(f"| {peak_before / 2**20:.0f} | before recording (weights, and the zeroed .grad under CUDA graphs) |")
         for lab, size in groups.most_common(top):
             print(f"| {size / 2**20:.0f} | {lab} |")
         rest = sum(groups.values()) - sum(s for _, s in groups.most_common(top))
