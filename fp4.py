@@ -816,7 +816,9 @@ def convert(model, recipe, blocks_attr="blocks", keep=("router",), keep_x=("attn
     GroupedLinears), except blocks the recipe keeps in bf16 and modules whose name ends with a
     name in `keep` (the MoE router). Linears named in `keep_x` (within a block) save their input x
     for Wgrad rather than packed codes (FP4Linear.pack_x): model.py's attention output, which
-    SDPA saves anyway. Parameters are shared, not copied. Returns the model."""
+    SDPA saves anyway (on the GPU, where proj's input is a view of it; the CPU's attention may
+    lay its output out otherwise, and proj then keeps a copy). Parameters are shared, not copied.
+    Returns the model."""
     recipe = make_recipe(recipe)
     blocks = getattr(model, blocks_attr)
     bf16 = recipe.bf16_blocks(len(blocks))
