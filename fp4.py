@@ -811,14 +811,17 @@ class GroupedLinear(_Quantized, nn.Module):
         g, o, i = self.weight.shape
         return f"groups={g}, in_features={i}, out_features={o}, recipe={self.recipe.name}"
 
-def convert(model, recipe, blocks_attr="blocks", keep=("router",), keep_x=("attn.proj",)):
+# Linears (names within a block) whose input another op saves for backward anyway: model.py's
+# attention output, which SDPA keeps. They save x for Wgrad instead of a packed copy.
+KEEP_X = ("attn.proj",)
+
+def convert(model, recipe, blocks_attr="blocks", keep=("router",), keep_x=KEEP_X):
     """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
     GroupedLinears), except blocks the recipe keeps in bf16 and modules whose name ends with a
-    name in `keep` (the MoE router). Linears named in `keep_x` (within a block) save their input x
-    for Wgrad rather than packed codes (FP4Linear.pack_x): model.py's attention output, which
-    SDPA saves anyway (on the GPU, where proj's input is a view of it; the CPU's attention may
-    lay its output out otherwise, and proj then keeps a copy). Parameters are shared, not copied.
-    Returns the model."""
+    name in `keep` (the MoE router). Linears named in `keep_x` (KEEP_X) save their input x for
+    Wgrad rather than packed codes (FP4Linear.pack_x). That saves memory where proj's input is a
+    view of SDPA's saved output (the GPU's attention; the CPU's may lay its output out otherwise,
+    and proj then keeps a copy). Parameters are shared, not copied. Returns the model."""
     recipe = make_recipe(recipe)
     blocks = getattr(model, blocks_attr)
     bf16 = recipe.bf16_blocks(len(blocks))

@@ -20,9 +20,9 @@ import kernels  # noqa: E402
 from bench_kernels import graphed  # noqa: E402
 
 SHAPES = {"qkv": (768, 2304), "proj": (768, 768), "fc": (768, 3072), "fc2": (3072, 768)}
-# layers that keep x for Wgrad and quantize it in backward (fp4.convert's keep_x: attention's
-# proj, whose input SDPA saves anyway); the others save it packed, quantized in forward
-KEEPS_X = {"proj"}
+# layers that keep x for Wgrad and quantize it in backward (fp4.KEEP_X: attention's proj, whose
+# input SDPA saves anyway); the others save it packed, quantized in forward
+KEEPS_X = {name.rsplit(".", 1)[-1] for name in fp4.KEEP_X}
 
 
 def graph_ms(fn, reps=20):
