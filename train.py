@@ -392,6 +392,17 @@ def moe_record(raw_model):
 
 # -----------------------------------------------------------------------------
 
+def flat_grads(model):
+    """Makes every parameter's .grad a view of one flat zeroed buffer (which it returns), so that
+    backward accumulates into it in place and one collective reduces all gradients."""
+    params = list(model.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=params[0].dtype)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
 def main(argv=None):
     import fp4
     import data
@@ -512,25 +523,20 @@ def main(argv=None):
         start_iter = iter_num
 
         model = raw_model
-        if ddp and c.compile and c.compile_mode in GRAPH_MODES:  # DDP hooks in replayed graphs: untested
-            fallback = "max-autotune-no-cudagraphs" if c.compile_mode == "max-autotune" else "default"
-            log(f"note: compile_mode={c.compile_mode!r} (CUDA graphs) is not tested under DDP; "
-                f"compiling with mode {fallback!r}")
-            c.compile_mode = fallback
         if c.compile:
             model = torch.compile(model, mode=c.compile_mode)
         graphs = c.compile and c.compile_mode in GRAPH_MODES and device_type == "cuda"
-        # CUDA graphs: gradients live outside the graphs' memory pool and accumulate in place (a
-        # .grad taken from the pool would be overwritten by the next micro-step's replay). A
-        # parameter with no gradient in a step then gets AdamW's update of a zero grad; every
-        # parameter here gets one.
-        if graphs:
-            for p in raw_model.parameters():
-                p.grad = torch.zeros_like(p)
-        if ddp:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            model = DDP(model, device_ids=[int(c.device.split(":")[1])] if device_type == "cuda"
-                        else None)
+        # Under CUDA graphs and under DDP, the gradients are views of one flat buffer that stays
+        # put and accumulates in place over the micro-steps. Graphs need them outside their
+        # memory pool (a .grad taken from the pool would be overwritten by the next replay); DDP
+        # all-reduces that buffer in one call after the last micro-step (no DDP wrapper, whose
+        # hooks would run inside replayed graphs; the price is no overlap of that call with the
+        # last backward, small next to a step of several micro-steps). A parameter with no
+        # gradient in a step then gets AdamW's update of a zero grad; every parameter here gets one.
+        flat_grad = flat_grads(raw_model) if graphs or ddp else None
+        if ddp:   # rank 0's weights everywhere, whatever each process drew or loaded
+            for t in list(raw_model.parameters()) + list(raw_model.buffers()):
+                dist.broadcast(t.data, 0)
         def all_reduce_mean(t):   # gloo has no ReduceOp.AVG
             dist.all_reduce(t)
             t /= world
@@ -630,8 +636,6 @@ def main(argv=None):
             probe = fp4.probe_alphas() if probing else contextlib.nullcontext()
             with probe as alphas:
                 for micro in range(accum):
-                    if ddp:
-                        model.require_backward_grad_sync = micro == accum - 1
                     x, y = train_loader.next_batch()
                     if rank == c.debug_fail_rank and iter_num == c.debug_fail_at_iter:
                         raise RuntimeError(f"debug_fail_at_iter: rank {rank} fails at iter {iter_num}")
@@ -645,6 +649,7 @@ def main(argv=None):
                     (loss / accum).backward()
             if ddp:
                 all_reduce_mean(loss_sum)
+                all_reduce_mean(flat_grad)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 raw_model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf"))
             loss_val, norm_val = loss_sum.item() / accum, grad_norm.item()
@@ -666,7 +671,7 @@ def main(argv=None):
                     raise NonFiniteError(
                         f"stopping at iter {iter_num}: {bad_in_row} non-finite step(s) in a row "
                         f"(policy {c.nonfinite_policy!r}, max_nonfinite={c.max_nonfinite}); {kept}")
-            optimizer.zero_grad(set_to_none=not graphs)
+            optimizer.zero_grad(set_to_none=flat_grad is None)
             if probing and alphas:
                 tel = telemetry_record(iter_num, fp4.probe_summary(alphas))
                 record(tel)

@@ -185,6 +185,24 @@ def test_resume_is_bit_identical(ds, tmp_path, kw):
     sb = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=False)["model"]
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
+def test_flat_grads_accumulate_in_place_and_survive_the_optimizer():
+    """train.flat_grads (CUDA graphs, DDP): backward adds into one flat buffer, the same
+    gradients as usual, and AdamW plus zero_grad(set_to_none=False) keep them views of it."""
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.GELU(), torch.nn.Linear(3, 2))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.GELU(), torch.nn.Linear(3, 2))
+    ref.load_state_dict(m.state_dict())
+    flat = train.flat_grads(m)
+    for _ in range(2):   # two micro-steps
+        x = torch.randn(5, 4)
+        m(x).square().sum().backward()
+        ref(x).square().sum().backward()
+    assert torch.equal(flat, torch.cat([p.grad.flatten() for p in ref.parameters()]))
+    opt = torch.optim.AdamW(m.parameters())
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    flat += 1.0
+    assert all(p.grad.eq(1.0).all() for p in m.parameters())
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
