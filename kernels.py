@@ -120,7 +120,12 @@ def _round_e4m3(s):
 @triton.jit
 def _grid_mag(idx, NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr,
               ST1: tl.constexpr, ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
-    """grid index 0..7 (int32) -> magnitude (fp32), from the grid's uniform pieces."""
+    """grid index 0..7 (int32) -> magnitude (fp32), from the grid's uniform pieces; E2M1's from
+    the index's own bits (e e m, rebiased as fp32 bits; 0 and 0.5 by hand), in a third of the
+    instructions of three pieces."""
+    E2M1: tl.constexpr = (NSEG == 3) and (S1 == 2.0) and (S2 == 4.0) and (ST0 == 0.5) and (ST1 == 1.0) and (ST2 == 2.0)
+    if E2M1:
+        return tl.where(idx < 2, idx * 0x3F000000, (idx << 22) + 0x3F000000).to(tl.float32, bitcast=True)
     m = idx.to(tl.float32) * ST0
     if NSEG > 1:
         m = tl.where(idx >= I1, S1 + (idx - I1).to(tl.float32) * ST1, m)
@@ -634,13 +639,15 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
     else:
         soff = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
     sc = tl.load(scales_ptr + soff, mask=(rr[:, None] < NR) & (kb[None, :] < NK // BLOCK), other=0.0)
-    mag = _grid_mag(code & 7, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
-    v = tl.reshape(tl.reshape(mag, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
-    if HAS_TS:  # / s_enc on magnitudes (see _div), kept normal for huge s_enc
-        ts = tl.load(ts_ptr)
+    if HAS_TS:  # / s_enc on magnitudes (see _div), kept normal for huge s_enc by a power of two
+        ts = tl.load(ts_ptr)  # (in the block scale: one multiply per block, not per element)
         ft = tl.where(ts > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
         st = ts * ft
-        v = _div(v * ft, tl.broadcast_to(tl.div_rn(tl.zeros_like(st) + 1.0, st), [BR, BK]),
+        sc = sc * ft
+    mag = _grid_mag(code & 7, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
+    v = tl.reshape(tl.reshape(mag, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
+    if HAS_TS:
+        v = _div(v, tl.broadcast_to(tl.div_rn(tl.zeros_like(st) + 1.0, st), [BR, BK]),
                  tl.broadcast_to(-st, [BR, BK]))
     out = (v.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
     kk = pid_k * BK + tl.arange(0, BK)
@@ -657,7 +664,7 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
 
 @triton.jit
 def _unpack_operand(codes_ptr, scales_ptr, rows, R, K, k0, BR: tl.constexpr, BK: tl.constexpr,
-                    BLOCK: tl.constexpr, B2D: tl.constexpr, GRID: tl.constexpr,
+                    BLOCK: tl.constexpr, B2D: tl.constexpr,
                     NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr,
                     ST1: tl.constexpr, ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
                     DOT_FP32: tl.constexpr):
@@ -675,12 +682,7 @@ def _unpack_operand(codes_ptr, scales_ptr, rows, R, K, k0, BR: tl.constexpr, BK:
     else:
         soff = rows[:, None].to(tl.int64) * (K // BLOCK) + kb[None, :]
     sc = tl.load(scales_ptr + soff, mask=rmask & (kb[None, :] < K // BLOCK), other=0.0)
-    i = code & 7
-    if GRID == 0:   # e2m1: the index's bits e e m as fp32 bits, rebiased; 0 and 0.5 by hand
-        mag = ((i << 22) + 0x3F000000).to(tl.float32, bitcast=True)
-        mag = tl.where(i < 2, i.to(tl.float32) * 0.5, mag)
-    else:
-        mag = _grid_mag(i, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
+    mag = _grid_mag(code & 7, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
     val = (mag.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
     v = tl.reshape(tl.reshape(val, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
     if DOT_FP32:  # RNE to bf16 by bits (the interpreter's cast truncates), kept in fp32
@@ -695,11 +697,11 @@ def _unpack_operand(codes_ptr, scales_ptr, rows, R, K, k0, BR: tl.constexpr, BK:
 def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N, K,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    A_BLOCK: tl.constexpr, A_B2D: tl.constexpr, A_TS: tl.constexpr,
-                   A_GRID: tl.constexpr, A_NSEG: tl.constexpr, A_S1: tl.constexpr,
+                   A_NSEG: tl.constexpr, A_S1: tl.constexpr,
                    A_S2: tl.constexpr, A_ST0: tl.constexpr, A_ST1: tl.constexpr,
                    A_ST2: tl.constexpr, A_I1: tl.constexpr, A_I2: tl.constexpr,
                    B_BLOCK: tl.constexpr, B_B2D: tl.constexpr, B_TS: tl.constexpr,
-                   B_GRID: tl.constexpr, B_NSEG: tl.constexpr, B_S1: tl.constexpr,
+                   B_NSEG: tl.constexpr, B_S1: tl.constexpr,
                    B_S2: tl.constexpr, B_ST0: tl.constexpr, B_ST1: tl.constexpr,
                    B_ST2: tl.constexpr, B_I1: tl.constexpr, B_I2: tl.constexpr,
                    DOT_FP32: tl.constexpr):
@@ -717,9 +719,9 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     rn = pid_n * BN + tl.arange(0, BN)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
-        a = _unpack_operand(a_codes, a_scales, rm, M, K, k0, BM, BK, A_BLOCK, A_B2D, A_GRID,
+        a = _unpack_operand(a_codes, a_scales, rm, M, K, k0, BM, BK, A_BLOCK, A_B2D,
                             A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
-        b = _unpack_operand(b_codes, b_scales, rn, N, K, k0, BN, BK, B_BLOCK, B_B2D, B_GRID,
+        b = _unpack_operand(b_codes, b_scales, rn, N, K, k0, BN, BK, B_BLOCK, B_B2D,
                             B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
         acc = tl.dot(a, tl.trans(b), acc)
     if A_TS:
@@ -1160,14 +1162,12 @@ def fp4_matmul(qa, qb, dtype=None):
     BM, BN, BK, GM, nw, ns = _mm_config(M, N, K)
     BK = max(BK, qa.fmt.block, qb.fmt.block)
     ga, gb = _grid_meta(qa.fmt.grid), _grid_meta(qb.fmt.grid)
-    gid = {"e2m1": 0}
     meta = {}
     for p, q, g in (("A_", qa, ga), ("B_", qb, gb)):
         meta.update({p + k: v for k, v in g.items()})
         meta[p + "BLOCK"] = q.fmt.block
         meta[p + "B2D"] = bool(q.fmt.block_2d)
         meta[p + "TS"] = q.tensor_scale is not None
-        meta[p + "GRID"] = gid.get(q.fmt.grid, 1)
     dummy = qa.scales
     grid = (_cdiv(M, BM) * _cdiv(N, BN),)
     if c.numel():

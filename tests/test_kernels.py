@@ -202,6 +202,15 @@ def test_special_values():
             assert out[8, :fmt.block].isnan().all() and out[0].eq(0).all()
 
 
+def test_tiny_tensor_huge_tensor_scale():
+    """A tensor whose amax is tiny (1e-18): NVFP4's tensor scale s_enc passes 2^64, where the
+    kernels scale it down by a power of two to keep the division by it exact."""
+    for name in FORMATS:
+        x = randn(32, 128, seed=8) * 1e-20
+        for dim, rht in ((1, None), (1, 16), (0, 16)):
+            check_rtne(x, fmt_of(name), dim, rht, dtypes=(torch.float32, torch.bfloat16))
+
+
 # -----------------------------------------------------------------------------
 # Both orientations from one read
 
