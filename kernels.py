@@ -858,7 +858,9 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     Both sides in one kernel (16-bit x, results/perf/session4/pair_tiles.txt): both fake (dy):
     16 x 256 tiles with mode-0 row loads, 10-11 % faster than 32 x 128 with plain loads for
     UFP4 at 16384 x 768 / 2304 / 3072; a packed side (x): 64 x 64 with plain loads, 3 % faster
-    than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower)."""
+    than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower). A packed column side alone (x of the MoE's
+    experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
+    (results/perf/session6/xpair_tiles.txt)."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
@@ -867,6 +869,8 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
         return 16, 256, 4, 0
     if row and col and esize == 2 and packed and N % 64 == 0 and 64 % row == 0 and 64 % col == 0:
         return 64, 64, 4, 1
+    if col and not row and esize == 2 and packed and 128 % col == 0:
+        return 128, 64, 4, 1
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N
         BM = max(16, min((2048 if heavy else 4096) // BN, _pow2_at_least(M, 16)))

@@ -3,7 +3,7 @@
 # processes with the same global batch (gradient_accumulation_steps is global), same seed.
 # Usage: [EXTRA='--key=value ...'] OUT=results/ddp bash scripts/gpu_ddp_scaling.sh RECIPE COMPILE [N] [ITERS]
 #   e.g. bash scripts/gpu_ddp_scaling.sh bf16 True 2 40     (needs data/literature prepared)
-# Writes OUT/ddp_<recipe>_compile<True|False>.json and prints tokens/s on 1 and N GPUs, their ratio, and the mean loss
+# Writes OUT/ddp_<recipe>_compile<True|False>[_<compile_mode from EXTRA>].json and prints tokens/s on 1 and N GPUs, their ratio, and the mean loss
 # of the last 10 steps of each (each rank draws its own batches, so the curves agree statistically,
 # not step for step).
 set -uo pipefail
@@ -11,7 +11,8 @@ recipe=${1:?recipe}; compile=${2:?True or False}; n=${3:-2}; iters=${4:-40}
 OUT=${OUT:-results/ddp}
 mkdir -p "$OUT" out
 export PYTHONUNBUFFERED=1
-name=${recipe}_compile$compile
+mode=$(grep -o 'compile_mode=[a-z-]*' <<< "${EXTRA:-}" | cut -d= -f2)   # e.g. EXTRA='--compile_mode=reduce-overhead'
+name=${recipe}_compile$compile${mode:+_$mode}
 for p in 1 "$n"; do
     rm -rf "out/ddp_${name}_$p"   # log.jsonl is appended to: start clean
     if ! torchrun --standalone --nproc_per_node="$p" train.py configs/gpu/gpt2_small_$recipe.py \
@@ -21,9 +22,9 @@ for p in 1 "$n"; do
         tail -20 "out/ddp_${name}_$p.log"; echo "the $p-process run failed"; exit 1
     fi
 done
-python3 - "$recipe" "$compile" "$n" "$OUT" "$name" <<'PY'
+python3 - "$recipe" "$compile" "$n" "$OUT" "$name" "${mode:-config}" "${EXTRA:-}" <<'PY'
 import datetime, json, statistics, sys, torch
-recipe, compile_, n, out, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+recipe, compile_, n, out, name, mode, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 def load(p):
     recs = [json.loads(l) for l in open(f"out/ddp_{name}_{p}/log.jsonl")]
     return {r["iter"]: r for r in recs if r["type"] == "train"}
@@ -32,12 +33,12 @@ steady = lambda runs: statistics.median(r["tok_per_s"] for i, r in runs.items() 
 t1, tn = steady(one), steady(many)
 tail = lambda runs: statistics.mean(runs[i]["loss"] for i in sorted(runs)[-10:])
 l1, ln = tail(one), tail(many)
-res = dict(recipe=recipe, compile=compile_ == "True", gpus=n, tok_per_s_1=t1, tok_per_s_n=tn,
+res = dict(recipe=recipe, compile=compile_ == "True", compile_mode=mode, extra=extra, gpus=n, tok_per_s_1=t1, tok_per_s_n=tn,
            scaling=tn / t1, tail_loss_1=l1, tail_loss_n=ln, iters=len(one),
            losses_1=[one[i]["loss"] for i in sorted(one)], losses_n=[many[i]["loss"] for i in sorted(many)],
            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", torch=torch.__version__)
 json.dump(res, open(f"{out}/ddp_{name}.json", "w"), indent=1)
-print(f"{recipe} compile={compile_}: 1 GPU {t1:,.0f} tok/s | {n} GPUs {tn:,.0f} tok/s | "
+print(f"{recipe} compile={compile_} ({mode}): 1 GPU {t1:,.0f} tok/s | {n} GPUs {tn:,.0f} tok/s | "
       f"scaling {tn / t1:.2f}x | loss of the last 10 steps {l1:.4f} vs {ln:.4f}")
 PY

@@ -421,9 +421,10 @@ def test_tile_shapes_fit_the_blocks(heavy):
     for M, N in ((16384, 2304), (16384, 3072), (768, 3072), (64, 96), (16, 16)):
         for row, col in ((16, None), (32, None), (None, 16), (None, 32), (16, 16), (32, 32),
                          (64, None), (128, None), (None, 64), (None, 128)):
-            BM, BN, nw, mode = kernels._tile(M, N, row, col, esize=2, heavy=heavy)
-            assert BN % (row or 1) == 0 and BM % (col or 1) == 0, (M, N, row, col, BM, BN)
-            assert nw in (4, 8) and mode in (0, 1)
+            for packed in (False, True):
+                BM, BN, nw, mode = kernels._tile(M, N, row, col, esize=2, heavy=heavy, packed=packed)
+                assert BN % (row or 1) == 0 and BM % (col or 1) == 0, (M, N, row, col, BM, BN)
+                assert nw in (4, 8) and mode in (0, 1)
 
 
 def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales():
