@@ -1,7 +1,7 @@
-"""Machine instructions per element of kernels.py's quantize launches, without a GPU: each launch
-is compiled for sm_90 (H100/H200) by Triton's own ptxas, the SASS is disassembled, and its
-instructions are counted per element a thread handles. The kernels have no loops, so this is
-close to what each thread runs. It shows where a quantizer's time goes once it is issue-bound,
+"""Machine instructions per element of kernels.py's quantize and dequantize launches, without a
+GPU: each launch is compiled for sm_90 (H100/H200) by Triton's own ptxas, the SASS is
+disassembled, and its instructions are counted per element a thread handles. The kernels have
+no loops, so this is close to what each thread runs. It shows where a quantizer's time goes once it is issue-bound,
 not bandwidth-bound (results/perf/session4/README.md).
 
     python scripts/sass_count.py [--mix]      # --mix: the top opcodes of each launch
@@ -66,6 +66,25 @@ def compile_quant(row, col, BM, BN, nw, mode):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+DEQUANT = [("ufp4", False, 32, 128), ("ufp4", True, 64, 64), ("nvfp4", False, 32, 128),
+           ("nvfp4", True, 64, 64), ("mxfp4", False, 32, 128), ("mxfp4", True, 64, 64)]
+
+
+def compile_dequant(fmt_name, trans, BR, BK):
+    """_dequant_kernel compiled for sm_90 as kernels.dequantize launches it on bf16 output, row-wise
+    codes (unit stride along K) or column-wise (TRANS: unit stride along the rows)."""
+    fmt = fp4.get_format(fmt_name)
+    meta = dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d), HAS_TS=fmt.scale == "e4m3",
+                TRANS=trans, **kernels._grid_meta(fmt.grid))
+    meta["stride_or" if trans else "stride_ok"] = 1   # Triton specializes an int argument of 1
+    fn = kernels._dequant_kernel
+    ptr = {"codes_ptr": "*u8", "scales_ptr": "*fp32", "ts_ptr": "*fp32", "out_ptr": "*bf16"}
+    signature = {n: "constexpr" if n in meta else ptr.get(n, "i32") for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n] != "constexpr"}
+    src = ASTSource(fn, signature, {n: meta[n] for n in fn.arg_names if n in meta}, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, enable_fp_fusion=False))
+
+
 def sass(kernel):
     """(opcode counts, registers per thread) of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -97,6 +116,13 @@ def main():
         ops, regs = sass(compile_quant(row, col, BM, BN, nw, mode))
         per = BM * BN / (nw * 32)  # elements per thread
         print(f"| {name} | {BM}, {BN}, {nw}, {mode} | {sum(ops.values()) / per:.1f} | {regs} |")
+        if args.mix:
+            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | |")
+    for fmt, trans, BR, BK in DEQUANT:
+        ops, regs = sass(compile_dequant(fmt, trans, BR, BK))
+        per = BR * BK / (4 * 32)
+        name = f"{fmt} dequantize, {'column-wise' if trans else 'row-wise'} codes"
+        print(f"| {name} | {BR}, {BK}, 4, - | {sum(ops.values()) / per:.1f} | {regs} |")
         if args.mix:
             print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | |")
 
