@@ -869,7 +869,7 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
         return 16, 256, 4, 0
     if row and col and esize == 2 and packed and N % 64 == 0 and 64 % row == 0 and 64 % col == 0:
         return 64, 64, 4, 1
-    if col and not row and esize == 2 and packed and 128 % col == 0:
+    if col and not row and esize == 2 and packed and not heavy and 128 % col == 0:
         return 128, 64, 4, 1
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N

@@ -165,8 +165,8 @@ class MoE(nn.Module):
         # aux-loss-free balancing (sigmoid router): a per-expert bias used only to pick the top-k.
         # Persistent: a resumed run keeps its balance.
         self.register_buffer("router_bias", torch.zeros(E))
-        # tokens per expert since the last update_router_bias. A plain attribute, not a buffer:
-        # DDP would otherwise overwrite every rank's counts with rank 0's at each forward.
+        # tokens per expert since the last update_router_bias: this rank's own counts, which
+        # update_router_bias all-reduces. A plain attribute, not a buffer: no checkpoint state.
         self.load = None
         self.stats = {}
 

@@ -396,6 +396,9 @@ def flat_grads(model):
     """Makes every parameter's .grad a view of one flat zeroed buffer (which it returns), so that
     backward accumulates into it in place and one collective reduces all gradients."""
     params = list(model.parameters())
+    kinds = {(p.device, p.dtype) for p in params}
+    if len(kinds) > 1:
+        raise ValueError(f"flat_grads needs all parameters on one device in one dtype, got {kinds}")
     flat = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=params[0].dtype)
     offset = 0
     for p in params:
@@ -722,8 +725,8 @@ def main(argv=None):
         torch.set_flush_denormal(False)  # torch's default: leave the process as we found it
 
 def _exit(code):
-    """Under torchrun, leave without finalizing the interpreter: DDP keeps the gloo process group
-    alive past destroy_process_group(), and a gloo worker thread that frees a finished
+    """Under torchrun, leave without finalizing the interpreter: gloo's worker threads can outlive
+    destroy_process_group(), and a gloo worker thread that frees a finished
     collective's tensors during interpreter shutdown is ended by CPython, which aborts the rank
     ("terminate called without an active exception") after a run that succeeded. main() has
     closed and fsynced everything it wrote."""

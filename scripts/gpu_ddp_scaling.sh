@@ -11,7 +11,7 @@ recipe=${1:?recipe}; compile=${2:?True or False}; n=${3:-2}; iters=${4:-40}
 OUT=${OUT:-results/ddp}
 mkdir -p "$OUT" out
 export PYTHONUNBUFFERED=1
-mode=$(grep -o 'compile_mode=[a-z-]*' <<< "${EXTRA:-}" | cut -d= -f2)   # e.g. EXTRA='--compile_mode=reduce-overhead'
+mode=$(sed -n 's/.*--compile_mode=["'"'"']*\([a-z-]*\).*/\1/p' <<< "${EXTRA:-}" | head -1)   # e.g. EXTRA='--compile_mode=reduce-overhead'
 name=${recipe}_compile$compile${mode:+_$mode}
 for p in 1 "$n"; do
     rm -rf "out/ddp_${name}_$p"   # log.jsonl is appended to: start clean

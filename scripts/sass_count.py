@@ -34,12 +34,12 @@ LAUNCHES = [
     ("x row-wise, RTNE (Fprop)", ("ufp4", "rtne", 16, False), None, (8, 512, 4, 0)),
     ("dy row-wise, SR (Dgrad)", ("ufp4", "sr", 16, False), None, (8, 512, 4, 0)),
     ("dy column-wise, SR (Wgrad)", None, ("ufp4", "sr", 16, False), (32, 128, 4, 1)),
-    ("x column-wise, packed (Wgrad)", None, ("ufp4", "rtne", 16, True), (32, 128, 4, 1)),
+    ("x column-wise, packed (Wgrad)", None, ("ufp4", "rtne", 16, True), (128, 64, 4, 1)),
     ("x pair: row fake + column packed", ("ufp4", "rtne", 16, False), ("ufp4", "rtne", 16, True), (64, 64, 4, 1)),
     ("dy pair, SR both", ("ufp4", "sr", 16, False), ("ufp4", "sr", 16, False), (16, 256, 4, 0)),
     ("e2m1 dy column-wise, SR", None, ("e2m1", "sr", 16, False), (16, 128, 4, 1)),
     ("nvfp4 dy column-wise, SR", None, ("nvfp4", "sr", 16, False), (32, 128, 4, 1)),
-    ("nvfp4 x column-wise, packed", None, ("nvfp4", "rtne", 16, True), (32, 128, 4, 1)),
+    ("nvfp4 x column-wise, packed", None, ("nvfp4", "rtne", 16, True), (128, 64, 4, 1)),
 ]
 
 

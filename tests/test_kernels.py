@@ -427,6 +427,19 @@ def test_tile_shapes_fit_the_blocks(heavy):
                 assert nw in (4, 8) and mode in (0, 1)
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_packed_column_side_alone_on_16_bit_input(name):
+    # the 128 x 64 tile of a packed column side (kernels._tile): every format, RHT sizes, 2D
+    # blocks, fewer rows than the tile
+    for shape in ((64, 96), (160, 64)):
+        for rht in (None, 32):
+            for b2d in (False, True):
+                x = randn(*shape, seed=3, dtype=torch.bfloat16)
+                fmt = fmt_of(name, b2d)
+                assert kernels._tile(*shape, None, math.lcm(rht or 1, fmt.block, 16), esize=2, packed=True)[:2] == (128, 64)
+                check_rtne(x, fmt, 0, rht, dtypes=(torch.bfloat16,))
+
+
 def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales():
     # results/perf/sr_tiles.md: 16-row tiles help e2m1's SR, hurt ufp4's and nvfp4's
     x = randn(64, 128, seed=13)

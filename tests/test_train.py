@@ -264,6 +264,28 @@ def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
         torch.testing.assert_close(ca["model"][k], cb["model"][k], atol=1e-5, rtol=1e-4)
     assert torch.equal(ca["model"]["blocks.0.mlp.router_bias"], cb["model"]["blocks.0.mlp.router_bias"])
 
+def test_ddp_accumulates_micro_steps_and_skips_a_nan_step_like_one_process(ds, tmp_path, monkeypatch):
+    """Two micro-steps per rank accumulate into the flat gradient buffer before its one
+    all-reduce, and a step skipped for a NaN loss leaves no gradient behind: 2 processes x 2
+    micro-steps of B == 1 process x 2 micro-steps of 2B, losses and weights."""
+    kw = dict(max_iters=6, eval_interval=3, debug_nan_at_iter=2, debug_nan_iters=1, **DDP_KW)
+    monkeypatch.setattr("data.loader.BinLoader", GlobalBatchLoader)
+    run(ds, tmp_path / "one", batch_size=8, gradient_accumulation_steps=2, **kw)
+    _wait_ddp(_launch_ddp(ds, tmp_path / "two", batch_size=4, gradient_accumulation_steps=4, **kw))
+    a, b = read_log(str(tmp_path / "one")), read_log(str(tmp_path / "two"))
+    assert [r["iter"] for r in read_log(str(tmp_path / "two"), "nonfinite")] == [2]
+    assert [r["iter"] for r in a] == [r["iter"] for r in b] == list(range(6))
+    for ra, rb in zip(a, b):
+        if ra["iter"] == 2:
+            assert math.isnan(ra["loss"]) and math.isnan(rb["loss"])
+            continue
+        assert abs(ra["loss"] - rb["loss"]) < 1e-5, (ra, rb)
+        assert abs(ra["grad_norm"] - rb["grad_norm"]) < 1e-4 * ra["grad_norm"], (ra, rb)
+    ca = torch.load(tmp_path / "one" / "ckpt.pt", weights_only=False)["model"]
+    cb = torch.load(tmp_path / "two" / "ckpt.pt", weights_only=False)["model"]
+    for k in ca:
+        torch.testing.assert_close(ca[k], cb[k], atol=1e-5, rtol=1e-4)
+
 def _logged_after(out, k):
     try:   # the log is being written: its last line may be cut
         return any(r["iter"] > k for r in read_log(str(out)))

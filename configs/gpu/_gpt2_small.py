@@ -28,4 +28,4 @@ eval_iters = 40
 log_interval = 10
 compile = True
 compile_mode = "reduce-overhead"  # CUDA graphs: the FP4 layers' many small launches cost no host time
-                                  # (DDP falls back to 'default'; telemetry needs 'default')
+                                  # (under torchrun too; telemetry needs 'default')
