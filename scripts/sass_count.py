@@ -1,8 +1,10 @@
-"""Machine instructions per element of kernels.py's quantize and dequantize launches, without a
-GPU: each launch is compiled for sm_90 (H100/H200) by Triton's own ptxas, the SASS is
-disassembled, and its instructions are counted per element a thread handles. The kernels have
-no loops, so this is close to what each thread runs. It shows where a quantizer's time goes once it is issue-bound,
-not bandwidth-bound (results/perf/session4/README.md).
+"""Machine instructions per element of kernels.py's quantize and dequantize launches and of the
+packed GEMM's main loop, without a GPU: each launch is compiled for sm_90 (H100/H200) by Triton's
+own ptxas, the SASS is disassembled, and its instructions are counted per element a thread
+handles. The quantize kernels have no loops, so this is close to what each thread runs; for the
+GEMM, the loop body's count per element it dequantizes in one K step. It shows where a
+quantizer's time goes once it is issue-bound, not bandwidth-bound (results/perf/session4/README.md,
+results/perf/session6/gemm_sass.md).
 
     python scripts/sass_count.py [--mix]      # --mix: the top opcodes of each launch
 
@@ -85,8 +87,27 @@ def compile_dequant(fmt_name, trans, BR, BK):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, enable_fp_fusion=False))
 
 
-def sass(kernel):
-    """(opcode counts, registers per thread) of a compiled kernel."""
+def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages):
+    """_fp4_mm_kernel compiled for sm_90 as kernels.fp4_matmul launches it on two packed operands
+    of one format (bf16 out)."""
+    fmt = fp4.get_format(fmt_name)
+    meta = dict(BM=BM, BN=BN, BK=max(BK, fmt.block), GROUP_M=group_m, DOT_FP32=False)
+    for p in ("A_", "B_"):
+        meta.update({p + k: v for k, v in kernels._grid_meta(fmt.grid).items()})
+        meta.update({p + "BLOCK": fmt.block, p + "B2D": False, p + "TS": fmt.scale == "e4m3"})
+    fn = kernels._fp4_mm_kernel
+    ptr = {"a_codes": "*u8", "b_codes": "*u8", "c_ptr": "*bf16"}
+    signature = {n: "constexpr" if n in meta else "i32" if n in ("M", "N", "K") else ptr.get(n, "*fp32")
+                 for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n] != "constexpr"}
+    src = ASTSource(fn, signature, {n: meta[n] for n in fn.arg_names if n in meta}, attrs)
+    options = dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True)  # fp4_matmul's launch: the default
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def sass(kernel, loop=False):
+    """(opcode counts, registers per thread) of a compiled kernel; loop: of its main loop's body
+    alone (from the label that the last backward branch jumps to, through that branch)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
@@ -96,8 +117,14 @@ def sass(kernel):
                                capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
+    lines = text.splitlines()
+    if loop:
+        ends = [(i, m.group(1)) for i, l in enumerate(lines) if (m := re.search(r"BRA `\((\.L_x_\d+)\)", l))]
+        back = [(lines.index(lab + ":"), i) for i, lab in ends if lab + ":" in lines and lines.index(lab + ":") < i]
+        first, last = max(back, key=lambda b: b[1] - b[0])
+        lines = lines[first:last + 1]
     ops = collections.Counter()
-    for line in text.splitlines():
+    for line in lines:
         m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
         if m and m.group(1) != "NOP":
             ops[m.group(1)] += 1
@@ -123,6 +150,17 @@ def main():
         per = BR * BK / (4 * 32)
         name = f"{fmt} dequantize, {'column-wise' if trans else 'row-wise'} codes"
         print(f"| {name} | {BR}, {BK}, 4, - | {sum(ops.values()) / per:.1f} | {regs} |")
+        if args.mix:
+            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | |")
+    # the packed GEMM's main loop: per K step each thread dequantizes (BM + BN) BK / threads elements
+    # (A into registers for the wgmma, B into shared memory), then the warpgroups' wgmma
+    for fmt in ("ufp4", "nvfp4"):
+        cfg = kernels._mm_config(8192, 8192, 8192)
+        BM, BN, BK, _, nw, _ = cfg
+        ops, regs = sass(compile_mm(fmt, *cfg), loop=True)
+        per = (BM + BN) * BK / (nw * 32)
+        print(f"| {fmt} fp4_matmul main loop, per dequantized element ({ops['HGMMA']} wgmma per K step) | "
+              f"{BM}, {BN}, {nw}, BK {BK} | {sum(ops.values()) / per:.1f} | {regs} |")
         if args.mix:
             print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | |")
 
