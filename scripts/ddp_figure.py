@@ -19,6 +19,10 @@ def figure(runs, out):
     gpus = {r["gpus"] for r in runs}
     if len(gpus) != 1:
         raise SystemExit(f"the runs have different GPU counts {sorted(gpus)}: plot them separately")
+    modes = {(r.get("compile"), r.get("compile_mode")) for r in runs}
+    if len(modes) != 1:
+        raise SystemExit(f"the runs have different compile settings {sorted(map(str, modes))}: "
+                         f"plot them separately")
     n = gpus.pop()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = [r["recipe"] for r in runs]
@@ -48,7 +52,10 @@ def main(argv):
     p.add_argument("runs", nargs="+", help="ddp_<recipe>_*.json files")
     p.add_argument("--out", default="ddp_scaling.png")
     args = p.parse_args(argv)
-    runs = [json.load(open(f)) for f in args.runs]
+    runs = []
+    for path in args.runs:
+        with open(path) as fh:
+            runs.append(json.load(fh))
     order = {"bf16": 0, "ufp4": 1, "e2m1": 2, "nvfp4": 3, "mxfp4": 4}
     runs.sort(key=lambda r: (order.get(r["recipe"], 9), r["recipe"]))
     figure(runs, args.out)

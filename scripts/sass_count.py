@@ -107,7 +107,7 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages):
 
 def sass(kernel, loop=False):
     """(opcode counts, registers per thread) of a compiled kernel; loop: of its main loop's body
-    alone (from the label that the last backward branch jumps to, through that branch)."""
+    alone (the longest span from a label to a later branch back to it)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
@@ -121,7 +121,9 @@ def sass(kernel, loop=False):
     if loop:
         ends = [(i, m.group(1)) for i, l in enumerate(lines) if (m := re.search(r"BRA `\((\.L_x_\d+)\)", l))]
         back = [(lines.index(lab + ":"), i) for i, lab in ends if lab + ":" in lines and lines.index(lab + ":") < i]
-        first, last = max(back, key=lambda b: b[1] - b[0])
+        first, last = max(back, key=lambda b: b[1] - b[0], default=(0, 0))
+        if last - first < 10:   # only the trap's self-branch: no loop
+            raise SystemExit("sass_count: no main loop found in the kernel's SASS")
         lines = lines[first:last + 1]
     ops = collections.Counter()
     for line in lines:

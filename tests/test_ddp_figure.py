@@ -24,6 +24,9 @@ def test_figure_from_the_scaling_json(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
-def test_runs_on_different_gpu_counts_are_refused(tmp_path):
+def test_runs_on_different_gpu_counts_or_compile_modes_are_refused(tmp_path):
     with pytest.raises(SystemExit, match="different GPU counts"):
         ddp_figure.figure([_run("bf16", gpus=2), _run("ufp4", gpus=4)], str(tmp_path / "f.png"))
+    with pytest.raises(SystemExit, match="different compile settings"):
+        ddp_figure.figure([dict(_run("bf16"), compile_mode="default"),
+                           dict(_run("bf16"), compile_mode="reduce-overhead")], str(tmp_path / "f.png"))
