@@ -45,6 +45,21 @@ LAUNCHES = [
 ]
 
 
+def compile_sm90(fn, meta, types, options, aligned_except=()):
+    """fn compiled for sm_90 with the constexprs in meta; types: each non-constexpr argument's
+    Triton type; every other argument is 16-byte aligned / divisible by 16 (as Triton specializes
+    the GPU launch), except those named in aligned_except."""
+    signature = {n: "constexpr" if n in meta else types[n] for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if signature[n] != "constexpr" and n not in aligned_except}
+    src = ASTSource(fn, signature, {n: meta[n] for n in fn.arg_names if n in meta}, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _types(fn, ints, ptrs, default):
+    return {n: "i32" if n in ints else ptrs.get(n, default) for n in fn.arg_names}
+
+
 def compile_quant(row, col, BM, BN, nw, mode):
     """_quant_kernel compiled for sm_90 as kernels._run would launch it on a bf16 tensor whose
     tiles fit (EVEN), with seeds in device memory."""
@@ -59,13 +74,9 @@ def compile_quant(row, col, BM, BN, nw, mode):
     fn = kernels._quant_kernel
     ptr = {"x_ptr": "*bf16", "r_fake": "*bf16", "c_fake": "*bf16", "r_codes": "*u8",
            "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
-    signature = {n: "constexpr" if n in meta else "i32" if n in ("M", "N") else ptr.get(n, "*fp32")
-                 for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if signature[n] != "constexpr" and n not in ("r_seed", "c_seed")}
-    src = ASTSource(fn, signature, {n: meta[n] for n in fn.arg_names if n in meta}, attrs)
-    options = dict(num_warps=meta["num_warps"], enable_fp_fusion=False)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_sm90(fn, meta, _types(fn, ("M", "N"), ptr, "*fp32"),
+                        dict(num_warps=meta["num_warps"], enable_fp_fusion=False),
+                        aligned_except=("r_seed", "c_seed"))
 
 
 DEQUANT = [("ufp4", False, 32, 128), ("ufp4", True, 64, 64), ("nvfp4", False, 32, 128),
@@ -81,10 +92,7 @@ def compile_dequant(fmt_name, trans, BR, BK):
     meta["stride_or" if trans else "stride_ok"] = 1   # Triton specializes an int argument of 1
     fn = kernels._dequant_kernel
     ptr = {"codes_ptr": "*u8", "scales_ptr": "*fp32", "ts_ptr": "*fp32", "out_ptr": "*bf16"}
-    signature = {n: "constexpr" if n in meta else ptr.get(n, "i32") for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n] != "constexpr"}
-    src = ASTSource(fn, signature, {n: meta[n] for n in fn.arg_names if n in meta}, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, enable_fp_fusion=False))
+    return compile_sm90(fn, meta, _types(fn, (), ptr, "i32"), dict(num_warps=4, enable_fp_fusion=False))
 
 
 def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages):
@@ -97,12 +105,8 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages):
         meta.update({p + "BLOCK": fmt.block, p + "B2D": False, p + "TS": fmt.scale == "e4m3"})
     fn = kernels._fp4_mm_kernel
     ptr = {"a_codes": "*u8", "b_codes": "*u8", "c_ptr": "*bf16"}
-    signature = {n: "constexpr" if n in meta else "i32" if n in ("M", "N", "K") else ptr.get(n, "*fp32")
-                 for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if signature[n] != "constexpr"}
-    src = ASTSource(fn, signature, {n: meta[n] for n in fn.arg_names if n in meta}, attrs)
-    options = dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True)  # fp4_matmul's launch: the default
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_sm90(fn, meta, _types(fn, ("M", "N", "K"), ptr, "*fp32"),  # fusion: fp4_matmul's default
+                        dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True))
 
 
 def sass(kernel, loop=False):
