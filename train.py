@@ -638,7 +638,7 @@ def main(argv=None):
             probing = c.telemetry_interval and iter_num % c.telemetry_interval == 0 and master
             probe = fp4.probe_alphas() if probing else contextlib.nullcontext()
             with probe as alphas:
-                for micro in range(accum):
+                for _ in range(accum):
                     x, y = train_loader.next_batch()
                     if rank == c.debug_fail_rank and iter_num == c.debug_fail_at_iter:
                         raise RuntimeError(f"debug_fail_at_iter: rank {rank} fails at iter {iter_num}")
