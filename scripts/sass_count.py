@@ -4,7 +4,10 @@ own ptxas, the SASS is disassembled, and its instructions are counted per elemen
 handles. The quantize kernels have no loops, so this is close to what each thread runs; for the
 GEMM, the loop body's count per element it dequantizes in one K step. It shows where a
 quantizer's time goes once it is issue-bound, not bandwidth-bound (results/perf/session4/README.md,
-results/perf/session6/gemm_sass.md).
+results/perf/session6/gemm_sass.md). The last column counts the int <-> float conversions and
+roundings (I2F, I2FP, F2I, FRND; not the bf16 packing F2FP, nor the per-block F2F): the H200 runs
+them at 16 per clock per SM, an eighth of the rate of an fp32 add, so one per element costs about
+as much issue time as eight other instructions (results/perf/session7/README.md).
 
     python scripts/sass_count.py [--mix]      # --mix: the top opcodes of each launch
 
@@ -102,7 +105,8 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages):
     meta = dict(BM=BM, BN=BN, BK=max(BK, fmt.block), GROUP_M=group_m, DOT_FP32=False)
     for p in ("A_", "B_"):
         meta.update({p + k: v for k, v in kernels._grid_meta(fmt.grid).items()})
-        meta.update({p + "BLOCK": fmt.block, p + "B2D": False, p + "TS": fmt.scale == "e4m3"})
+        meta.update({p + "BLOCK": fmt.block, p + "B2D": False, p + "TS": fmt.scale == "e4m3",
+                     p + "SCALE": kernels._SCALE_ID[fmt.scale]})
     fn = kernels._fp4_mm_kernel
     ptr = {"a_codes": "*u8", "b_codes": "*u8", "c_ptr": "*bf16"}
     return compile_sm90(fn, meta, _types(fn, ("M", "N", "K"), ptr, "*fp32"),  # fusion: fp4_matmul's default
@@ -137,27 +141,32 @@ def sass(kernel, loop=False):
     return ops, int(re.search(r"REG:(\d+)", usage).group(1))
 
 
+def slow(ops):
+    """int <-> float conversions and roundings among counted opcodes (the H200's 16-per-clock pipe)."""
+    return sum(v for k, v in ops.items() if k.startswith(("I2F", "F2I", "FRND")))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mix", action="store_true", help="also print each launch's top opcodes")
     args = p.parse_args()
     print(f"`python {' '.join(sys.argv)}`: triton {triton.__version__}, target sm_90, "
           f"Philox rounds {kernels.PHILOX_ROUNDS}")
-    print("| launch | tile (BM, BN, warps, row load) | instructions / element | registers |")
-    print("|---|---|---|---|")
+    print("| launch | tile (BM, BN, warps, row load) | instructions / element | registers | slow conversions / element |")
+    print("|---|---|---|---|---|")
     for name, row, col, (BM, BN, nw, mode) in LAUNCHES:
         ops, regs = sass(compile_quant(row, col, BM, BN, nw, mode))
         per = BM * BN / (nw * 32)  # elements per thread
-        print(f"| {name} | {BM}, {BN}, {nw}, {mode} | {sum(ops.values()) / per:.1f} | {regs} |")
+        print(f"| {name} | {BM}, {BN}, {nw}, {mode} | {sum(ops.values()) / per:.1f} | {regs} | {slow(ops) / per:.2f} |")
         if args.mix:
-            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | |")
+            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | | |")
     for fmt, trans, BR, BK in DEQUANT:
         ops, regs = sass(compile_dequant(fmt, trans, BR, BK))
         per = BR * BK / (4 * 32)
         name = f"{fmt} dequantize, {'column-wise' if trans else 'row-wise'} codes"
-        print(f"| {name} | {BR}, {BK}, 4, - | {sum(ops.values()) / per:.1f} | {regs} |")
+        print(f"| {name} | {BR}, {BK}, 4, - | {sum(ops.values()) / per:.1f} | {regs} | {slow(ops) / per:.2f} |")
         if args.mix:
-            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | |")
+            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | | |")
     # the packed GEMM's main loop: per K step each thread dequantizes (BM + BN) BK / threads elements
     # (A into registers for the wgmma, B into shared memory), then the warpgroups' wgmma
     for fmt in ("ufp4", "nvfp4"):
@@ -165,10 +174,10 @@ def main():
         BM, BN, BK, _, nw, _ = cfg
         ops, regs = sass(compile_mm(fmt, *cfg), loop=True)
         per = (BM + BN) * BK / (nw * 32)
-        print(f"| {fmt} fp4_matmul main loop, per dequantized element ({ops['HGMMA']} wgmma per K step) | "
-              f"{BM}, {BN}, {nw}, BK {BK} | {sum(ops.values()) / per:.1f} | {regs} |")
+        print(f"| {fmt} fp4_matmul main loop, per dequantized element | "
+              f"{BM}, {BN}, {nw}, BK {BK}, {ops['HGMMA']} wgmma | {sum(ops.values()) / per:.1f} | {regs} | {slow(ops) / per:.2f} |")
         if args.mix:
-            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | |")
+            print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | | |")
 
 
 if __name__ == "__main__":
