@@ -18,10 +18,10 @@ floor(k + u) with 16 Philox bits per element) -> code, dequantized value. NVFP4'
 (after RHT) comes from a first pass, `_amax_kernel` (both orientations in one read when both are
 wanted), one atomic max per program (no host sync). The kernels are issue-bound on the H200:
 `scripts/sass_count.py` counts their instructions per element without a GPU. No kernel converts
-int <-> float or rounds to an integer per element (I2F, F2I, FRND run at 1/8 of the fp32 rate
-there): bit tricks instead (_small_f32, _grid_mag, _floor_m1). The GEMM dequantizes with a few
-lines of PTX on the GPU (bf16x2 pairs; _dequant_operand), the same Triton code as the rest in
-the interpreter. fp32 -> bf16 casts happen
+int <-> float or rounds to an integer per element, only per block (I2F, F2I, FRND run at 1/8 of
+the fp32 rate there): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the
+GEMM dequantizes E2M1 codes with e4m3 / e8m0 scales and int4 codes with a few lines of PTX
+(bf16x2 pairs; _dequant_operand); other grids, and everything in the interpreter, run Triton. fp32 -> bf16 casts happen
 on the GPU in the kernel (hardware RNE); under TRITON_INTERPRET the kernel writes fp32 and torch
 casts (the interpreter truncates).
 
@@ -710,17 +710,20 @@ def _load_operand(codes_ptr, scales_ptr, rows, R, K, k0, BR: tl.constexpr, BK: t
 #   E2M1 codes with e4m3 / e8m0 scales (NVFP4, MXFP4): c * 0x00040040 puts each nibble's e e m
 #   at a bf16's lowest exponent bits and top mantissa bit, which is E2M1 * 2^-126 (0.5 a
 #   subnormal); * 2^126, then * the block scale, in bf16x2: both products exact (E2M1 has two
-#   significant bits, e4m3 four, e8m0 one), so these are the fp32 product's bf16 rounding.
+#   significant bits, e4m3 four, e8m0 one), so these are the fp32 product's bf16 rounding. As
+#   fma with a -0 addend: sm_80 has fma.rn.bf16x2 (mul.rn.bf16x2 is sm_90's), and ptxas makes
+#   the same HMUL2 of it on sm_90.
 _DEQ_E2M1_BF16 = """{
-.reg .b32 t, u;
+.reg .b32 t, u, z;
 mul.lo.u32 t, $2, 0x00040040;
 and.b32 t, t, 0x01C001C0;
 mul.lo.u32 u, $2, 0x01001000;
 and.b32 u, u, 0x80008000;
 or.b32 t, t, u;
 mov.b32 u, 0x7E807E80;
-mul.rn.bf16x2 t, t, u;
-mul.rn.bf16x2 t, t, $3;
+mov.b32 z, 0x80008000;
+fma.rn.bf16x2 t, t, u, z;
+fma.rn.bf16x2 t, t, $3, z;
 mov.b32 {$0, $1}, t;
 }"""
 #   int4 codes (UFP4's grid, any scale): the low nibble's magnitude m as 2^23 + m by its bits,
@@ -1235,7 +1238,7 @@ def _mm_config(M, N, K):
         return 32, 32, 64, 4, 4, 1
     if _MM_CFG:
         return _MM_CFG
-    if M >= 2048 and N >= 2048:  # 128 x 256: within 6 % of the fastest tile for each format at
+    if M >= 2048 and N >= 2048:  # 128 x 256: within 7 % of the fastest tile for each format at
         return 128, 256, 64, 8, 8, 3  # 8192^3 (results/perf/session7/mm_asm.txt)
     return 128, 128, 64, 8, 8, 3
 

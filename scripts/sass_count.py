@@ -48,15 +48,15 @@ LAUNCHES = [
 ]
 
 
-def compile_sm90(fn, meta, types, options, aligned_except=()):
-    """fn compiled for sm_90 with the constexprs in meta; types: each non-constexpr argument's
+def compile_sm90(fn, meta, types, options, aligned_except=(), cap=90):
+    """fn compiled for sm_90 (or sm_<cap>) with the constexprs in meta; types: each non-constexpr argument's
     Triton type; every other argument is 16-byte aligned / divisible by 16 (as Triton specializes
     the GPU launch), except those named in aligned_except."""
     signature = {n: "constexpr" if n in meta else types[n] for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if signature[n] != "constexpr" and n not in aligned_except}
     src = ASTSource(fn, signature, {n: meta[n] for n in fn.arg_names if n in meta}, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
 
 
 def _types(fn, ints, ptrs, default):
@@ -98,9 +98,9 @@ def compile_dequant(fmt_name, trans, BR, BK):
     return compile_sm90(fn, meta, _types(fn, (), ptr, "i32"), dict(num_warps=4, enable_fp_fusion=False))
 
 
-def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages):
-    """_fp4_mm_kernel compiled for sm_90 as kernels.fp4_matmul launches it on two packed operands
-    of one format (bf16 out)."""
+def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
+    """_fp4_mm_kernel compiled for sm_90 (or sm_<cap>) as kernels.fp4_matmul launches it on two
+    packed operands of one format (bf16 out)."""
     fmt = fp4.get_format(fmt_name)
     meta = dict(BM=BM, BN=BN, BK=max(BK, fmt.block), GROUP_M=group_m, DOT_FP32=False)
     for p in ("A_", "B_"):
@@ -110,7 +110,7 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages):
     fn = kernels._fp4_mm_kernel
     ptr = {"a_codes": "*u8", "b_codes": "*u8", "c_ptr": "*bf16"}
     return compile_sm90(fn, meta, _types(fn, ("M", "N", "K"), ptr, "*fp32"),  # fusion: fp4_matmul's default
-                        dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True))
+                        dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True), cap=cap)
 
 
 def sass(kernel, loop=False):
