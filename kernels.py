@@ -21,9 +21,9 @@ wanted), one atomic max per program (no host sync). The kernels are issue-bound 
 int <-> float or rounds to an integer per element, only per block (I2F, F2I, FRND run at 1/8 of
 the fp32 rate there): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the
 GEMM dequantizes E2M1 codes with e4m3 / e8m0 scales and int4 codes with a few lines of PTX
-(bf16x2 pairs; _dequant_operand); other grids, and everything in the interpreter, run Triton. fp32 -> bf16 casts happen
-on the GPU in the kernel (hardware RNE); under TRITON_INTERPRET the kernel writes fp32 and torch
-casts (the interpreter truncates).
+(bf16x2 pairs; _dequant_operand); other grids, and everything in the interpreter, run Triton.
+fp32 -> bf16 casts happen on the GPU in the kernel (hardware RNE); under TRITON_INTERPRET the
+kernel writes fp32 and torch casts (the interpreter truncates).
 
 AVAILABLE is True when triton imports and a CUDA device exists; fp4.py's dispatch uses it.
 Under TRITON_INTERPRET=1 the same functions run on CPU tensors (what CI tests).

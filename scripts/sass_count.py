@@ -49,9 +49,9 @@ LAUNCHES = [
 
 
 def compile_sm90(fn, meta, types, options, aligned_except=(), cap=90):
-    """fn compiled for sm_90 (or sm_<cap>) with the constexprs in meta; types: each non-constexpr argument's
-    Triton type; every other argument is 16-byte aligned / divisible by 16 (as Triton specializes
-    the GPU launch), except those named in aligned_except."""
+    """fn compiled for sm_90 (or sm_<cap>) with the constexprs in meta; types: each non-constexpr
+    argument's Triton type; every other argument is 16-byte aligned / divisible by 16 (as Triton
+    specializes the GPU launch), except those named in aligned_except."""
     signature = {n: "constexpr" if n in meta else types[n] for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if signature[n] != "constexpr" and n not in aligned_except}
@@ -168,7 +168,7 @@ def main():
         if args.mix:
             print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | | |")
     # the packed GEMM's main loop: per K step each thread dequantizes (BM + BN) BK / threads elements
-    # (A into registers for the wgmma, B into shared memory), then the warpgroups' wgmma
+    # (both stored to shared memory for the wgmma), then the warpgroups' wgmma
     for fmt in ("ufp4", "nvfp4"):
         cfg = kernels._mm_config(8192, 8192, 8192)
         BM, BN, BK, _, nw, _ = cfg
