@@ -706,7 +706,8 @@ def _load_operand(codes_ptr, scales_ptr, rows, R, K, k0, BR: tl.constexpr, BK: t
 
 # The GEMM's dequantize on the GPU, one code byte (two elements) -> two bf16 per call, with the
 # two signs placed straight into the packed bf16 pair: c * 0x01001000 puts bit 3 at 15 and bit 7
-# at 31. The interpreter runs no PTX: there _dequant_operand takes the plain path.
+# at 31. The interpreter runs no PTX: there _dequant_operand takes the plain path, and
+# tests/ptx_emu.py runs these strings instruction by instruction (test_kernels.py).
 #   E2M1 codes with e4m3 / e8m0 scales (NVFP4, MXFP4): c * 0x00040040 puts each nibble's e e m
 #   at a bf16's lowest exponent bits and top mantissa bit, which is E2M1 * 2^-126 (0.5 a
 #   subnormal); * 2^126, then * the block scale, in bf16x2: both products exact (E2M1 has two

@@ -595,6 +595,56 @@ def test_fp4_matmul(name):
         assert rel < (4e-3 if fa.scale == "fp32" else 1e-5), f"{name}: {rel}"
 
 
+def _ptx_reference(grid, scales):
+    """What the GEMM's dequantize must give for every code byte (low nibble first) and scale:
+    sign-magnitude grid value x scale in fp32, rounded to bf16 (bits as int32, 0..0xFFFF)."""
+    c = torch.arange(256)
+    levels = torch.tensor(fp4.GRIDS[grid].levels, dtype=torch.float32)
+    out = []
+    for nib in (c & 15, c >> 4):
+        v = levels[nib & 7] * torch.where(nib >= 8, -1.0, 1.0)
+        v = v[:, None] * scales[None, :]
+        out.append(bits(v.to(torch.bfloat16)).int() & 0xFFFF)
+    return out
+
+
+@pytest.mark.parametrize("asm, grid, scale", [("_DEQ_E2M1_BF16", "e2m1", "e4m3"),
+                                               ("_DEQ_E2M1_BF16", "e2m1", "e8m0"),
+                                               ("_DEQ_INT4_F32", "int4", "fp32")])
+def test_gemm_dequantize_ptx_emulated(asm, grid, scale):
+    """The GEMM's dequantize on the GPU is inline PTX, which the interpreter does not run:
+    tests/ptx_emu.py runs the same strings instruction by instruction, for every code byte and
+    every e4m3 value / every e8m0 power / fp32 scales from tiny to huge, with NaN and 0."""
+    import numpy as np
+    import ptx_emu
+    if scale == "e4m3":
+        sc = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    elif scale == "e8m0":
+        sc = torch.exp2(torch.arange(-127, 128, dtype=torch.float64)).float()
+    else:
+        g = torch.Generator().manual_seed(5)
+        sc = torch.cat([torch.rand(200, generator=g) * 10.0 ** torch.randint(-38, 38, (200,), generator=g),
+                        torch.tensor([0.0, 1e-45, 1.17e-38, 3.4e38, 1.0 / 7.0])]).float()
+    sc = torch.cat([sc, torch.tensor([float("nan")])])
+    ref_lo, ref_hi = _ptx_reference(grid, sc)
+    code = np.repeat(np.arange(256, dtype=np.uint32), len(sc))
+    if scale == "fp32":  # the kernel passes the fp32 scale's bits
+        s = np.tile(sc.numpy().view(np.uint32), 256)
+    else:  # and a bf16 pair of an e4m3 / e8m0 scale (exact in bf16)
+        h = (bits(sc.to(torch.bfloat16)).int() & 0xFFFF).numpy().astype(np.uint32)
+        s = np.tile(h | (h << 16), 256)
+    src = getattr(kernels, asm)
+    out = ptx_emu.run(getattr(src, "value", src), {"$2": code, "$3": s})
+    for got, ref, half in ((out["$0"], ref_lo, "low"), (out["$1"], ref_hi, "high")):
+        got = torch.from_numpy(got.astype(np.int64)).view(256, len(sc))
+        ref = ref.long()
+        nan = ((ref & 0x7FFF) > 0x7F80)
+        assert (((got & 0x7FFF) > 0x7F80) == nan).all(), f"{asm} {half} nibble: NaN positions"
+        bad = (got != ref) & ~nan
+        assert not bad.any(), (f"{asm} {half} nibble, {scale} scales: {int(bad.sum())} differ, e.g. "
+                               f"byte {bad.nonzero()[0, 0].item()}, scale {sc[bad.nonzero()[0, 1]].item()}")
+
+
 def test_fp4_matmul_bf16_out_and_zero_blocks():
     a = randn(33, 64, seed=14)
     a[5] = 0
