@@ -13,7 +13,9 @@ as much issue time as eight other instructions (results/perf/session7/README.md)
 
 Launch arguments are specialized the way the GPU launch specializes them (16-byte aligned
 pointers, sizes divisible by 16): without that, Triton cannot vectorize, and the counts mean
-nothing. The SASS comes from the local Triton, which may differ from the GPU machine's.
+nothing. The SASS comes from the local Triton, which may differ from the GPU machine's: for
+the GPU's exact compiler, run it in a venv with that Triton (`pip install triton==3.6.0` beside
+the CPU torch; results/perf/session7/README.md).
 """
 import argparse
 import collections
