@@ -1,14 +1,16 @@
 """The packed GEMM main loop's barriers, loads, wgmma and waits for one format, from the SASS of the
 local Triton (run under triton 3.6.0 for the GPU's compiler). Run from the repo root:
     python results/perf/session7/gemm_loop.py nvfp4"""
-import sys, re, subprocess
+import os, re, subprocess, sys, tempfile
 sys.path[:0] = ["scripts", "."]
 import sass_count as S, kernels
 fmt = sys.argv[1]
 cfg = kernels._mm_config(8192, 8192, 8192)
 k = S.compile_mm(fmt, *cfg)
-open("/tmp/g/l.cubin", "wb").write(k.asm["cubin"])
-text = subprocess.run([S.BIN + "/nvdisasm", "-c", "/tmp/g/l.cubin"], capture_output=True, text=True).stdout
+with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+    f.write(k.asm["cubin"])
+text = subprocess.run([S.BIN + "/nvdisasm", "-c", f.name], capture_output=True, text=True).stdout
+os.unlink(f.name)
 lines = text.splitlines()
 ends = [(i, m.group(1)) for i, l in enumerate(lines) if (m := re.search(r"BRA `\((\.L_x_\d+)\)", l))]
 back = [(lines.index(lab + ":"), i) for i, lab in ends if lab + ":" in lines and lines.index(lab + ":") < i]
