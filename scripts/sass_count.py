@@ -115,9 +115,8 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
                         dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True), cap=cap)
 
 
-def sass(kernel, loop=False):
-    """(opcode counts, registers per thread) of a compiled kernel; loop: of its main loop's body
-    alone (the longest span from a label to a later branch back to it)."""
+def disassemble(kernel):
+    """(SASS lines, registers per thread) of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
@@ -127,20 +126,34 @@ def sass(kernel, loop=False):
                                capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
-    lines = text.splitlines()
+    return text.splitlines(), int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def main_loop(lines):
+    """The main loop's body: the longest span from a label to a later branch back to it."""
+    ends = [(i, m.group(1)) for i, l in enumerate(lines) if (m := re.search(r"BRA `\((\.L_x_\d+)\)", l))]
+    back = [(lines.index(lab + ":"), i) for i, lab in ends if lab + ":" in lines and lines.index(lab + ":") < i]
+    first, last = max(back, key=lambda b: b[1] - b[0], default=(0, 0))
+    if last - first < 10:   # only the trap's self-branch: no loop
+        raise SystemExit("sass_count: no main loop found in the kernel's SASS")
+    return lines[first:last + 1]
+
+
+INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+
+
+def sass(kernel, loop=False):
+    """(opcode counts, registers per thread) of a compiled kernel; loop: of its main loop's body
+    alone."""
+    lines, regs = disassemble(kernel)
     if loop:
-        ends = [(i, m.group(1)) for i, l in enumerate(lines) if (m := re.search(r"BRA `\((\.L_x_\d+)\)", l))]
-        back = [(lines.index(lab + ":"), i) for i, lab in ends if lab + ":" in lines and lines.index(lab + ":") < i]
-        first, last = max(back, key=lambda b: b[1] - b[0], default=(0, 0))
-        if last - first < 10:   # only the trap's self-branch: no loop
-            raise SystemExit("sass_count: no main loop found in the kernel's SASS")
-        lines = lines[first:last + 1]
+        lines = main_loop(lines)
     ops = collections.Counter()
     for line in lines:
-        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        m = INSTRUCTION.match(line)
         if m and m.group(1) != "NOP":
             ops[m.group(1)] += 1
-    return ops, int(re.search(r"REG:(\d+)", usage).group(1))
+    return ops, regs
 
 
 def slow(ops):
