@@ -722,7 +722,10 @@ def main(argv=None):
             wandb.finish()
         if ddp:
             dist.destroy_process_group()
-        torch.set_flush_denormal(False)  # torch's default: leave the process as we found it
+        # torch's default: leave the process as we found it. Only this thread's flag can be reset:
+        # torch's worker threads that this run created inherited the flag and keep flushing
+        # subnormals in later parallel CPU ops of this process.
+        torch.set_flush_denormal(False)
 
 def _exit(code):
     """Under torchrun, leave without finalizing the interpreter: gloo's worker threads can outlive

@@ -597,14 +597,20 @@ def test_fp4_matmul(name):
 
 def _ptx_reference(grid, scales):
     """What the GEMM's dequantize must give for every code byte (low nibble first) and scale:
-    sign-magnitude grid value x scale in fp32, rounded to bf16 (bits as int32, 0..0xFFFF)."""
+    sign-magnitude grid value x scale in fp32, rounded to bf16 (bits as int32, 0..0xFFFF).
+    On this thread alone: torch's worker threads flush subnormals for good once a train.main()
+    in this process has created them (see train.py), and these products go down to 2^-128."""
     c = torch.arange(256)
     levels = torch.tensor(fp4.GRIDS[grid].levels, dtype=torch.float32)
-    out = []
-    for nib in (c & 15, c >> 4):
-        v = levels[nib & 7] * torch.where(nib >= 8, -1.0, 1.0)
-        v = v[:, None] * scales[None, :]
-        out.append(bits(v.to(torch.bfloat16)).int() & 0xFFFF)
+    out, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for nib in (c & 15, c >> 4):
+            v = levels[nib & 7] * torch.where(nib >= 8, -1.0, 1.0)
+            v = v[:, None] * scales[None, :]
+            out.append(bits(v.to(torch.bfloat16)).int() & 0xFFFF)
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
