@@ -130,13 +130,13 @@ def _small_f32(i):
 
 
 @triton.jit
-def _grid_mag(idx, NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr,
-              ST1: tl.constexpr, ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
+def _grid_mag(idx, E2M1: tl.constexpr, NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr,
+              ST0: tl.constexpr, ST1: tl.constexpr, ST2: tl.constexpr, I1: tl.constexpr,
+              I2: tl.constexpr):
     """grid index 0..7 (int32) -> magnitude (fp32), from the grid's uniform pieces, with no
     int -> float conversion. E2M1's from the index's own bits: e e m placed as an fp32's lowest
     exponent bits and top mantissa bit are E2M1(idx) * 2^-126 (index 1 a subnormal), so one
     shift and one multiply by 2^126."""
-    E2M1: tl.constexpr = (NSEG == 3) and (S1 == 2.0) and (S2 == 4.0) and (ST0 == 0.5) and (ST1 == 1.0) and (ST2 == 2.0)
     if E2M1:
         return (idx << 22).to(tl.float32, bitcast=True) * 8.507059173023462e37
     m = _small_f32(idx) * ST0
@@ -206,12 +206,11 @@ def _floor_m1(x):
 
 @triton.jit
 def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
-                QMAX: tl.constexpr, EMAX: tl.constexpr, NSEG: tl.constexpr,
+                QMAX: tl.constexpr, EMAX: tl.constexpr, E2M1: tl.constexpr, NSEG: tl.constexpr,
                 S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
                 ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
                 BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr,
                 CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr):
-    E2M1: tl.constexpr = (NSEG == 3) and (S1 == 2.0) and (S2 == 4.0) and (ST0 == 0.5) and (ST1 == 1.0) and (ST2 == 2.0)
     """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
     Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
     for 2D tiles) and dequantized values [R, C] fp32 (if DEQ; divided by s_enc for e4m3).
@@ -543,14 +542,14 @@ def _quant_kernel(x_ptr, M, N,
                   BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
                   ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, DO_ROW: tl.constexpr,
                   R_FAKE: tl.constexpr, R_PACKED: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
-                  R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
+                  R_E2M1: tl.constexpr, R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
                   R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
                   R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
                   R_RHT: tl.constexpr, R_INV: tl.constexpr, R_SMASK: tl.constexpr,
                   R_SEEDPTR: tl.constexpr, DO_COL: tl.constexpr,
                   C_FAKE: tl.constexpr, C_PACKED: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
-                  C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
+                  C_E2M1: tl.constexpr, C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
                   C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
                   C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
                   C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
@@ -581,7 +580,7 @@ def _quant_kernel(x_ptr, M, N,
                 r_seed = tl.load(r_seed)
             rm = m0 + tl.arange(0, BM)
             roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // 8) + pid_n * (BN // 8) + tl.arange(0, BN // 8)[None, :]
-        code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_NSEG,
+        code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_E2M1, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
                                     R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS)
         if R_FAKE:
@@ -601,7 +600,7 @@ def _quant_kernel(x_ptr, M, N,
                 c_seed = tl.load(c_seed)
             rn = n0 + tl.arange(0, BN)
             roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // 8) + pid_m * (BM // 8) + tl.arange(0, BM // 8)[None, :]
-        code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_NSEG,
+        code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
                                     C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS)
         if C_FAKE:
@@ -641,7 +640,7 @@ def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr
 @triton.jit
 def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, stride_ok,
                     BR: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr, B2D: tl.constexpr,
-                    HAS_TS: tl.constexpr, TRANS: tl.constexpr, NSEG: tl.constexpr,
+                    HAS_TS: tl.constexpr, TRANS: tl.constexpr, E2M1: tl.constexpr, NSEG: tl.constexpr,
                     S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
                     ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
     """codes [A, NR, NK/2] + scales -> values in the original layout (batch a, strides)."""
@@ -667,7 +666,7 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
         ft = tl.where(ts > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
         st = ts * ft
         sc = sc * ft
-    mag = _grid_mag(code & 7, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
+    mag = _grid_mag(code & 7, E2M1, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
     v = tl.reshape(tl.reshape(mag, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
     if HAS_TS:
         v = _div(v, tl.broadcast_to(tl.div_rn(tl.zeros_like(st) + 1.0, st), [BR, BK]),
@@ -755,12 +754,12 @@ if HAVE_TRITON:  # (jit functions read globals as constexprs only)
 
 @triton.jit
 def _dequant_operand(c, sc, BR: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr,
-                     SCALE: tl.constexpr, NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr,
+                     SCALE: tl.constexpr, E2M1: tl.constexpr, NSEG: tl.constexpr, S1: tl.constexpr,
+                     S2: tl.constexpr,
                      ST0: tl.constexpr, ST1: tl.constexpr, ST2: tl.constexpr, I1: tl.constexpr,
                      I2: tl.constexpr, DOT_FP32: tl.constexpr):
     """_load_operand's tile -> grid value * block scale, rounded to bf16 (returned as bf16, or as
     bf16-valued fp32 when DOT_FP32 for the interpreter)."""
-    E2M1: tl.constexpr = (NSEG == 3) and (S1 == 2.0) and (S2 == 4.0) and (ST0 == 0.5) and (ST1 == 1.0) and (ST2 == 2.0)
     NB: tl.constexpr = BK // BLOCK
     if not DOT_FP32 and ((E2M1 and SCALE != 0) or (NSEG == 1 and ST0 == 1.0)):
         if E2M1:  # the block scale as a bf16 pair (exact: e4m3 / e8m0 values)
@@ -775,7 +774,7 @@ def _dequant_operand(c, sc, BR: tl.constexpr, BK: tl.constexpr, BLOCK: tl.conste
         return tl.reshape(tl.join(lo, hi), [BR, BK])
     c = c.to(tl.int32)
     code = tl.reshape(tl.join(c & 15, c >> 4), [BR, BK])
-    mag = _grid_mag(code & 7, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
+    mag = _grid_mag(code & 7, E2M1, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
     val = (mag.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
     v = tl.reshape(tl.reshape(val, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
     if DOT_FP32:  # RNE to bf16 by bits (the interpreter's cast truncates), kept in fp32
@@ -790,10 +789,12 @@ def _dequant_operand(c, sc, BR: tl.constexpr, BK: tl.constexpr, BLOCK: tl.conste
 def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N, K,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    A_BLOCK: tl.constexpr, A_B2D: tl.constexpr, A_TS: tl.constexpr, A_SCALE: tl.constexpr,
+                   A_E2M1: tl.constexpr,
                    A_NSEG: tl.constexpr, A_S1: tl.constexpr,
                    A_S2: tl.constexpr, A_ST0: tl.constexpr, A_ST1: tl.constexpr,
                    A_ST2: tl.constexpr, A_I1: tl.constexpr, A_I2: tl.constexpr,
                    B_BLOCK: tl.constexpr, B_B2D: tl.constexpr, B_TS: tl.constexpr, B_SCALE: tl.constexpr,
+                   B_E2M1: tl.constexpr,
                    B_NSEG: tl.constexpr, B_S1: tl.constexpr,
                    B_S2: tl.constexpr, B_ST0: tl.constexpr, B_ST1: tl.constexpr,
                    B_ST2: tl.constexpr, B_I1: tl.constexpr, B_I2: tl.constexpr,
@@ -818,13 +819,13 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     ca, sa = _load_operand(a_codes, a_scales, rm, M, K, 0, BM, BK, A_BLOCK, A_B2D)
     cb, sb = _load_operand(b_codes, b_scales, rn, N, K, 0, BN, BK, B_BLOCK, B_B2D)
-    a = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
-    b = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
+    a = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_E2M1, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
+    b = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_E2M1, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
     for k0 in range(BK, K + BK, BK):
         ca, sa = _load_operand(a_codes, a_scales, rm, M, K, k0, BM, BK, A_BLOCK, A_B2D)
         cb, sb = _load_operand(b_codes, b_scales, rn, N, K, k0, BN, BK, B_BLOCK, B_B2D)
-        a_next = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
-        b_next = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
+        a_next = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_E2M1, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
+        b_next = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_E2M1, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
         acc = tl.dot(a, tl.trans(b), acc)
         a, b = a_next, b_next
     if A_TS:
@@ -887,7 +888,8 @@ def _grid_meta_uncached(grid_name):
         if math.frexp(st)[0] != 0.5:
             raise ValueError(f"grid {grid_name!r}: steps must be powers of two")
     pad = segs + [(grid.qmax, 1.0, 8)] * (3 - len(segs))
-    return dict(NSEG=len(segs), S1=float(pad[1][0]), S2=float(pad[2][0]), ST0=float(pad[0][1]),
+    return dict(E2M1=grid.levels == fp4.GRIDS["e2m1"].levels,  # (kernels decode it from bits)
+                NSEG=len(segs), S1=float(pad[1][0]), S2=float(pad[2][0]), ST0=float(pad[0][1]),
                 ST1=float(pad[1][1]), ST2=float(pad[2][1]), I1=int(pad[1][2]), I2=int(pad[2][2]))
 
 
@@ -911,7 +913,7 @@ def _side_meta_cached(fmt, rounding, rht, p):
 
 
 def _off_meta(p):
-    return {p + "QMAX": 1.0, p + "EMAX": 0, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
+    return {p + "QMAX": 1.0, p + "EMAX": 0, p + "E2M1": False, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
             p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
             p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
             p + "INV": 1.0, p + "G": 16, p + "SMASK": -1, p + "SEEDPTR": False, p + "FAKE": False,

@@ -50,10 +50,10 @@ LAUNCHES = [
 ]
 
 
-def compile_sm90(fn, meta, types, options, aligned_except=(), cap=90):
-    """fn compiled for sm_90 (or sm_<cap>) with the constexprs in meta; types: each non-constexpr
-    argument's Triton type; every other argument is 16-byte aligned / divisible by 16 (as Triton
-    specializes the GPU launch), except those named in aligned_except."""
+def compile_sm(fn, meta, types, options, aligned_except=(), cap=90):
+    """fn compiled for sm_<cap> (the H200: 90) with the constexprs in meta; types: each
+    non-constexpr argument's Triton type; every other argument is 16-byte aligned / divisible by
+    16 (as Triton specializes the GPU launch), except those named in aligned_except."""
     signature = {n: "constexpr" if n in meta else types[n] for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if signature[n] != "constexpr" and n not in aligned_except}
@@ -79,7 +79,7 @@ def compile_quant(row, col, BM, BN, nw, mode):
     fn = kernels._quant_kernel
     ptr = {"x_ptr": "*bf16", "r_fake": "*bf16", "c_fake": "*bf16", "r_codes": "*u8",
            "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
-    return compile_sm90(fn, meta, _types(fn, ("M", "N"), ptr, "*fp32"),
+    return compile_sm(fn, meta, _types(fn, ("M", "N"), ptr, "*fp32"),
                         dict(num_warps=meta["num_warps"], enable_fp_fusion=False),
                         aligned_except=("r_seed", "c_seed"))
 
@@ -97,7 +97,7 @@ def compile_dequant(fmt_name, trans, BR, BK):
     meta["stride_or" if trans else "stride_ok"] = 1   # Triton specializes an int argument of 1
     fn = kernels._dequant_kernel
     ptr = {"codes_ptr": "*u8", "scales_ptr": "*fp32", "ts_ptr": "*fp32", "out_ptr": "*bf16"}
-    return compile_sm90(fn, meta, _types(fn, (), ptr, "i32"), dict(num_warps=4, enable_fp_fusion=False))
+    return compile_sm(fn, meta, _types(fn, (), ptr, "i32"), dict(num_warps=4, enable_fp_fusion=False))
 
 
 def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
@@ -111,7 +111,7 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
                      p + "SCALE": kernels._SCALE_ID[fmt.scale]})
     fn = kernels._fp4_mm_kernel
     ptr = {"a_codes": "*u8", "b_codes": "*u8", "c_ptr": "*bf16"}
-    return compile_sm90(fn, meta, _types(fn, ("M", "N", "K"), ptr, "*fp32"),  # fusion: fp4_matmul's default
+    return compile_sm(fn, meta, _types(fn, ("M", "N", "K"), ptr, "*fp32"),  # fusion: fp4_matmul's default
                         dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True), cap=cap)
 
 
