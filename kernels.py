@@ -798,14 +798,20 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
                    B_NSEG: tl.constexpr, B_S1: tl.constexpr,
                    B_S2: tl.constexpr, B_ST0: tl.constexpr, B_ST1: tl.constexpr,
                    B_ST2: tl.constexpr, B_I1: tl.constexpr, B_I2: tl.constexpr,
-                   DOT_FP32: tl.constexpr):
+                   DOT_FP32: tl.constexpr, DOT_FIRST: tl.constexpr):
     """C[M, N] = A B^T from packed operands quantized along K: dequantized to bf16 in the main
     loop, fp32 accumulation, 1 / (tensor scales) in the epilogue. Each step dequantizes the next
     K step's tiles before its own dot, so that the compiler can keep the wgmma in flight over that
     work: 1.12x faster at 8192^3 than dequantizing right before the dot, 1.31-1.33x with 256 x 128
     tiles (results/perf/session6/mm_lookahead.txt). Loading the packed tiles a step earlier still
     (registers carried over a step) was slower at every tile that fits 8192^3 best
-    (results/perf/session7/mm_variants.txt). The last step's look-ahead reads past K, masked."""
+    (results/perf/session7/mm_variants.txt). The last step's look-ahead reads past K, masked.
+    DOT_FIRST (same result, other schedule): the dot's shared-memory fence (MEMBAR.ALL.CTA in the
+    SASS) waits for every load in flight, so with the next tiles' loads issued before the dot each
+    step waits out their latency before its wgmma; issued after it, their latency overlaps the
+    wgmma. Faster for E2M1 operands on the PTX path (NVFP4 4.6 %, MXFP4 6.5 % at 8192^3), slower
+    for UFP4 (7 %), whose longer dequantize then waits for the loads after the wgmma is done
+    (results/perf/session8/README.md)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -822,11 +828,14 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     a = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_E2M1, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
     b = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_E2M1, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
     for k0 in range(BK, K + BK, BK):
+        if DOT_FIRST:
+            acc = tl.dot(a, tl.trans(b), acc)
         ca, sa = _load_operand(a_codes, a_scales, rm, M, K, k0, BM, BK, A_BLOCK, A_B2D)
         cb, sb = _load_operand(b_codes, b_scales, rn, N, K, k0, BN, BK, B_BLOCK, B_B2D)
         a_next = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_E2M1, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
         b_next = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_E2M1, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
-        acc = tl.dot(a, tl.trans(b), acc)
+        if not DOT_FIRST:
+            acc = tl.dot(a, tl.trans(b), acc)
         a, b = a_next, b_next
     if A_TS:
         acc = acc * (1.0 / tl.load(a_ts))
@@ -1246,6 +1255,19 @@ def _mm_config(M, N, K):
     return 128, 128, 64, 8, 8, 3
 
 
+def _mm_meta(fa, fb, a_ts, b_ts):
+    """_fp4_mm_kernel's constexprs for operands of formats fa (A) and fb (B), with or without
+    tensor scales, but the tile's."""
+    meta = {}
+    for p, f, ts in (("A_", fa, a_ts), ("B_", fb, b_ts)):
+        meta.update({p + k: v for k, v in _grid_meta(f.grid).items()})
+        meta.update({p + "BLOCK": f.block, p + "B2D": bool(f.block_2d), p + "TS": ts,
+                     p + "SCALE": _SCALE_ID[f.scale]})
+    # both operands dequantized by the E2M1 PTX (NVFP4, MXFP4 scales): the dot first in the loop
+    meta["DOT_FIRST"] = all(meta[p + "E2M1"] and meta[p + "SCALE"] != 0 for p in ("A_", "B_"))
+    return meta
+
+
 def fp4_matmul(qa, qb, dtype=None):
     """a @ b^T for QTensors quantized along their last dim (qa: [M, K], qb: [N, K], both 2D):
     packed codes + block scales are dequantized to bf16 inside the GEMM's main loop, products
@@ -1270,14 +1292,7 @@ def fp4_matmul(qa, qb, dtype=None):
     c = torch.empty((M, N), device=qa.codes.device, dtype=kdtype)
     BM, BN, BK, GM, nw, ns = _mm_config(M, N, K)
     BK = max(BK, qa.fmt.block, qb.fmt.block)
-    ga, gb = _grid_meta(qa.fmt.grid), _grid_meta(qb.fmt.grid)
-    meta = {}
-    for p, q, g in (("A_", qa, ga), ("B_", qb, gb)):
-        meta.update({p + k: v for k, v in g.items()})
-        meta[p + "BLOCK"] = q.fmt.block
-        meta[p + "B2D"] = bool(q.fmt.block_2d)
-        meta[p + "TS"] = q.tensor_scale is not None
-        meta[p + "SCALE"] = _SCALE_ID[q.fmt.scale]
+    meta = _mm_meta(qa.fmt, qb.fmt, qa.tensor_scale is not None, qb.tensor_scale is not None)
     dummy = qa.scales
     grid = (_cdiv(M, BM) * _cdiv(N, BN),)
     if c.numel():

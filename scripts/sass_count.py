@@ -105,10 +105,7 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
     packed operands of one format (bf16 out)."""
     fmt = fp4.get_format(fmt_name)
     meta = dict(BM=BM, BN=BN, BK=max(BK, fmt.block), GROUP_M=group_m, DOT_FP32=False)
-    for p in ("A_", "B_"):
-        meta.update({p + k: v for k, v in kernels._grid_meta(fmt.grid).items()})
-        meta.update({p + "BLOCK": fmt.block, p + "B2D": False, p + "TS": fmt.scale == "e4m3",
-                     p + "SCALE": kernels._SCALE_ID[fmt.scale]})
+    meta.update(kernels._mm_meta(fmt, fmt, fmt.scale == "e4m3", fmt.scale == "e4m3"))
     fn = kernels._fp4_mm_kernel
     ptr = {"a_codes": "*u8", "b_codes": "*u8", "c_ptr": "*bf16"}
     return compile_sm(fn, meta, _types(fn, ("M", "N", "K"), ptr, "*fp32"),  # fusion: fp4_matmul's default
