@@ -307,10 +307,9 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
     if CODES:
         if NSEG == 1 and not SR:  # a uniform grid's index: the low mantissa bits of a + step 2^23
             idx = biased.to(tl.int32, bitcast=True) & 7
-        elif E2M1:  # the index is E2M1's own bits: from mag's exponent and top mantissa bit
-            # (mag >= 1: (bits - bits(0.5)) >> 22; 0, 0.5)
-            mb = mag.to(tl.int32, bitcast=True)
-            idx = tl.where(mb >= 0x3F800000, (mb - 0x3F000000) >> 22, (mb >> 24) & 1)
+        elif E2M1:  # the index is E2M1's own bits: mag * 2^-126 has them as its lowest exponent
+            # bits and top mantissa bit (0.5 a subnormal), _grid_mag's inverse
+            idx = (mag * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22
         else:  # any grid of up to three uniform pieces
             idx = (mag * (1.0 / ST0)).to(tl.int32)
             if NSEG > 1:
@@ -360,21 +359,27 @@ def _st(p, v, mask, EVEN: tl.constexpr):
 def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
                MODE: tl.constexpr, EVEN: tl.constexpr):
     """x[m0:m0+BM, n0:n0+BN] as fp32 [BM, BN]. MODE 0: two strided loads of the half-groups,
-    joined, so each thread holds whole G-groups along N; MODE 1: one plain coalesced load (a
-    group spans lanes: the compiler shuffles). EVEN: the tile lies inside x (no masks)."""
+    joined, so each thread holds whole G-groups along N, as pairs of lanes for G = 32 (16-byte
+    vectors); MODE 2: G / 8 loads of 8-element pieces, so each thread holds a whole 32-group (the
+    same as MODE 0 for G = 16); MODE 1: one plain coalesced load (a group spans lanes: the
+    compiler shuffles). EVEN: the tile lies inside x (no masks)."""
     if MODE == 1:
         r1 = m0 + tl.arange(0, BM)
         c1 = n0 + tl.arange(0, BN)
         off1 = base + r1[:, None].to(tl.int64) * N + c1[None, :]
         return _ld(x_ptr + off1, (r1[:, None] < M) & (c1[None, :] < N), EVEN)
-    H: tl.constexpr = G // 2
+    P: tl.constexpr = 8 if MODE == 2 else G // 2  # elements per piece
     r = m0 + tl.arange(0, BM)
-    c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
-    off = base + r[:, None, None].to(tl.int64) * N + c
+    c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, P)[None, None, :]
+    p = x_ptr + base + r[:, None, None].to(tl.int64) * N + c
     mask = (r[:, None, None] < M) & (c < N)
-    lo = _ld(x_ptr + off, mask, EVEN)
-    hi = _ld(x_ptr + off + H, mask, EVEN)
-    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), [BM, BN])
+    v = tl.join(_ld(p, mask, EVEN), _ld(p + P, mask, EVEN))  # [BM, BN / G, P, 2]: piece j
+    if G == 2 * P:
+        out = tl.reshape(tl.permute(v, (0, 1, 3, 2)), [BM, BN])
+    else:  # four pieces: 2 i + j
+        v = tl.join(v, tl.join(_ld(p + 2 * P, mask, EVEN), _ld(p + 3 * P, mask, EVEN)))
+        out = tl.reshape(tl.permute(v, (0, 1, 4, 3, 2)), [BM, BN])
+    return out
 
 
 @triton.jit
@@ -387,14 +392,21 @@ def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, 
         off1 = base + r1[:, None].to(tl.int64) * N + c1[None, :]
         _st(ptr + off1, v, (r1[:, None] < M) & (c1[None, :] < N), EVEN)
         return
-    H: tl.constexpr = G // 2
-    lo, hi = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, H]), (0, 1, 3, 2)))
+    P: tl.constexpr = 8 if MODE == 2 else G // 2
     r = m0 + tl.arange(0, BM)
-    c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, H)[None, None, :]
-    off = base + r[:, None, None].to(tl.int64) * N + c
+    c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, P)[None, None, :]
+    p = ptr + base + r[:, None, None].to(tl.int64) * N + c
     mask = (r[:, None, None] < M) & (c < N)
-    _st(ptr + off, lo, mask, EVEN)
-    _st(ptr + off + H, hi, mask, EVEN)
+    if G == 2 * P:
+        q0, q1 = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, P]), (0, 1, 3, 2)))
+    else:
+        w0, w1 = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, 2, P]), (0, 1, 4, 3, 2)))
+        q0, q1 = tl.split(w0)
+        q2, q3 = tl.split(w1)
+        _st(p + 2 * P, q2, mask, EVEN)
+        _st(p + 3 * P, q3, mask, EVEN)
+    _st(p, q0, mask, EVEN)
+    _st(p + P, q1, mask, EVEN)
 
 
 # The column side's join trees: leaf J moves the tile's row pointers p (rows m0 + g G) down J
@@ -974,7 +986,10 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     UFP4 at 16384 x 768 / 2304 / 3072; a packed side (x): 64 x 64 with plain loads, 3 % faster
     than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower). A packed column side alone (x of the MoE's
     experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
-    (results/perf/session6/xpair_tiles.txt)."""
+    (results/perf/session6/xpair_tiles.txt). A column side alone of 32-groups (MXFP4, fake or
+    SR, RHT16, 8192^2): 64 x 128 with 4 warps (two columns per thread, 4-byte loads), 4 % (RTNE)
+    and 14 % (SR) faster than with 8 warps (one column per thread, 2-byte loads;
+    results/perf/session8/README.md)."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
@@ -993,7 +1008,7 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
         BM = max(BM, min(4096 // BN, 64)) if row else (max(col, 16) if heavy else BM)
     while BM * BN > 8192 and BN > max(row or 16, 16):
         BN //= 2
-    return BM, BN, _num_warps(BM, BN), 1
+    return BM, BN, 4 if col == 32 and not row else _num_warps(BM, BN), 1
 
 
 def _num_warps(BM, BN):
@@ -1103,6 +1118,9 @@ def _run(x3, row, col, out_dtype, cfg=None):
     BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
                              col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy,
                              any(s and s.packed for s in (row, col)))
+    if mode == 0 and row and max(16, row.fmt.block) == 32 and (row.packed or row.rounding == "sr"):
+        mode = 2  # whole 32-groups per thread: 2x faster there, but 1.1-1.3x slower for RTNE
+        # fake quant (results/perf/session8/README.md)
     if row and row.fmt.block_2d:
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:

@@ -47,6 +47,8 @@ LAUNCHES = [
     ("e2m1 dy column-wise, SR", None, ("e2m1", "sr", 16, False), (16, 128, 4, 1)),
     ("nvfp4 dy column-wise, SR", None, ("nvfp4", "sr", 16, False), (32, 128, 4, 1)),
     ("nvfp4 x column-wise, packed", None, ("nvfp4", "rtne", 16, True), (128, 64, 4, 1)),
+    ("mxfp4 x row-wise, packed", ("mxfp4", "rtne", 16, True), None, (8, 512, 4, 2)),
+    ("mxfp4 dy row-wise, SR", ("mxfp4", "sr", 16, False), None, (8, 512, 4, 2)),
 ]
 
 

@@ -130,6 +130,26 @@ def test_rtne_nd_and_bf16_input():
     check_rtne(randn(19, 64, seed=6), fp4.get_format("e1m2/32/e4m3"), 1, 32)
 
 
+def test_row_tiles_of_whole_groups():
+    """bf16 rows a multiple of 512 wide take 8 x 512 tiles whose loads hand each thread whole
+    G-groups (row load mode 0: two half-groups; mode 2, for 32-groups that are packed or SR: four
+    8-element pieces): 32-blocks (MXFP4, MXINT4) and 16-blocks (NVFP4); RHT off, inside a group
+    and across groups; rows that do not fill a tile (masks). RTNE against the reference; SR
+    against the same kernel with plain loads (mode 1), whose random bits are the same."""
+    for i, name in enumerate(("mxfp4", "mxint4", "nvfp4")):
+        fmt = fmt_of(name)
+        x = randn(20, 1024, seed=30 + i, dtype=torch.bfloat16)
+        for rht in (None, 16, 64):
+            assert kernels._tile(20, 1024, kernels._need(fmt, rht), None) == (8, 512, 4, 0)
+            check_rtne(x, fmt, 1, rht, dtypes=(torch.bfloat16,))
+            plain = (8, 512, 4, 1)
+            assert_same(kernels.fake_quant(x, fmt, 1, "sr", rht, 7, torch.bfloat16),
+                        kernels.fake_quant(x, fmt, 1, "sr", rht, 7, torch.bfloat16, _cfg=plain),
+                        f"{name} rht {rht} SR fake")
+            assert_qtensor(kernels.quantize(x, fmt, 1, "sr", rht, 7),
+                           kernels.quantize(x, fmt, 1, "sr", rht, 7, _cfg=plain), f"{name} rht {rht} SR")
+
+
 def _tie_tensor(fmt, rows=32, cols=64, seed=0):
     """Blocks whose elements sit exactly on the midpoints between grid levels once divided by
     their (exactly known) block scale; element 0 of each block sets amax = qmax * scale."""

@@ -19,7 +19,11 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 38,
           "dy column-wise, SR (Wgrad)": 41, "x column-wise, packed (Wgrad)": 30,
           "dy pair, SR both": 76, "e2m1 dy column-wise, SR": 57, "nvfp4 dy column-wise, SR": 55,
-          "nvfp4 x column-wise, packed": 42,
+          "nvfp4 x column-wise, packed": 37,
+          # session 8: E2M1 codes from mag * 2^-126 (nvfp4 packed 37.2 -> 33.7); each thread
+          # holds whole 32-groups (row load mode 2) when packed or SR (MXFP4 row-wise with RHT16:
+          # packed 52.4 -> 29.0, SR 66.0 -> 37.4)
+          "mxfp4 x row-wise, packed": 32, "mxfp4 dy row-wise, SR": 41,
           # dequantize (session 6: E2M1 magnitudes from the code's bits, nvfp4 27.5 -> 20.5;
           # session 7: no I2FP, ufp4 11.2 -> 12.2 but no slow conversion, nvfp4 -> 17.6)
           "ufp4 dequantize, row-wise codes": 13.5, "nvfp4 dequantize, row-wise codes": 19.5,
