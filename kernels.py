@@ -371,13 +371,13 @@ def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G:
     P: tl.constexpr = 8 if MODE == 2 else G // 2  # elements per piece
     r = m0 + tl.arange(0, BM)
     c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, P)[None, None, :]
-    p = x_ptr + base + r[:, None, None].to(tl.int64) * N + c
+    off = base + r[:, None, None].to(tl.int64) * N + c
     mask = (r[:, None, None] < M) & (c < N)
-    v = tl.join(_ld(p, mask, EVEN), _ld(p + P, mask, EVEN))  # [BM, BN / G, P, 2]: piece j
+    v = tl.join(_ld(x_ptr + off, mask, EVEN), _ld(x_ptr + off + P, mask, EVEN))  # [BM, BN / G, P, 2]: piece j
     if G == 2 * P:
         out = tl.reshape(tl.permute(v, (0, 1, 3, 2)), [BM, BN])
     else:  # four pieces: 2 i + j
-        v = tl.join(v, tl.join(_ld(p + 2 * P, mask, EVEN), _ld(p + 3 * P, mask, EVEN)))
+        v = tl.join(v, tl.join(_ld(x_ptr + off + 2 * P, mask, EVEN), _ld(x_ptr + off + 3 * P, mask, EVEN)))
         out = tl.reshape(tl.permute(v, (0, 1, 4, 3, 2)), [BM, BN])
     return out
 
@@ -395,7 +395,7 @@ def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, 
     P: tl.constexpr = 8 if MODE == 2 else G // 2
     r = m0 + tl.arange(0, BM)
     c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, P)[None, None, :]
-    p = ptr + base + r[:, None, None].to(tl.int64) * N + c
+    off = base + r[:, None, None].to(tl.int64) * N + c
     mask = (r[:, None, None] < M) & (c < N)
     if G == 2 * P:
         q0, q1 = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, P]), (0, 1, 3, 2)))
@@ -403,10 +403,10 @@ def _store_rows(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, 
         w0, w1 = tl.split(tl.permute(tl.reshape(v, [BM, BN // G, 2, 2, P]), (0, 1, 4, 3, 2)))
         q0, q1 = tl.split(w0)
         q2, q3 = tl.split(w1)
-        _st(p + 2 * P, q2, mask, EVEN)
-        _st(p + 3 * P, q3, mask, EVEN)
-    _st(p, q0, mask, EVEN)
-    _st(p + P, q1, mask, EVEN)
+        _st(ptr + off + 2 * P, q2, mask, EVEN)
+        _st(ptr + off + 3 * P, q3, mask, EVEN)
+    _st(ptr + off, q0, mask, EVEN)
+    _st(ptr + off + P, q1, mask, EVEN)
 
 
 # The column side's join trees: leaf J moves the tile's row pointers p (rows m0 + g G) down J

@@ -2,7 +2,8 @@
 <commit>:kernels.py`, run from the repo root) on one GPU in one process, 8192 x 8192 bf16, timed
 with triton.testing.do_bench (median, L2 cleared) as bench_kernels.py does; xcopy = the bytes the
 op must read + write per second / the device copy's (torch clone) in the same run. Column tiles:
-COL_TILES="BM,BN,warps ..." (the column side's tile override, new kernels only)."""
+COL_TILES="BM,BN,warps ..." (the column side's tile override, new kernels only); row load mode 2
+forced on RTNE fake rows (new kernels only)."""
 import datetime, os, sys, torch, triton
 from triton.testing import do_bench
 sys.path[:0] = ["."]
@@ -39,6 +40,12 @@ for what, nbytes, fn in cases:
     t_new = do_bench(lambda: fn(kernels), rep=200)
     rows.append((what, t_old, t_new, nbytes))
     print(f"{what}: old {t_old:.4f} ms new {t_new:.4f} ms", flush=True)
+mode2 = (8, 512, 4, 2)  # row load mode 2 forced (whole 32-groups per thread), new kernels only
+for what, nbytes, fn in (("mxfp4 row fake RHT16, mode 2", fake_b, lambda: kernels.fake_quant(x, "mxfp4", rht=16, _cfg=mode2)),
+                         ("mxfp4 row fake no RHT, mode 2", fake_b, lambda: kernels.fake_quant(x, "mxfp4", _cfg=mode2))):
+    t = do_bench(fn, rep=200)
+    rows.append((what, None, t, nbytes))
+    print(f"{what}: {t:.4f} ms", flush=True)
 for tile in os.environ.get("COL_TILES", "").split():
     cfg = tuple(int(v) for v in tile.split(","))
     for what, nbytes, fn in (("mxfp4 col fake RHT16", fake_b, lambda: kernels.fake_quant(x, "mxfp4", dim=0, rht=16, _cfg=cfg)),
