@@ -968,7 +968,7 @@ def _pow2_at_least(n, lo):
     return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
+def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, sr=False):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
     an H200 (results/kernels_h200.md): row tiles of one row per warp (8 x 512, joined half-group
@@ -986,10 +986,11 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     UFP4 at 16384 x 768 / 2304 / 3072; a packed side (x): 64 x 64 with plain loads, 3 % faster
     than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower). A packed column side alone (x of the MoE's
     experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
-    (results/perf/session6/xpair_tiles.txt). A column side alone of 32-groups (MXFP4, fake or
-    SR, RHT16, 8192^2): 64 x 128 with 4 warps (two columns per thread, 4-byte loads), 4 % (RTNE)
-    and 14 % (SR) faster than with 8 warps (one column per thread, 2-byte loads;
-    results/perf/session8/README.md)."""
+    (results/perf/session6/xpair_tiles.txt). sr: a side rounds stochastically. A column side
+    alone of 32-groups with SR (MXFP4, RHT16, 8192^2): 64 x 128 with 4 warps (two columns per
+    thread, 4-byte loads), 14 % faster than with 8 warps (one column per thread, 2-byte loads) in
+    three runs; for RTNE fake quant 4 warps were 4 % faster in one run and 13-15 % slower in two,
+    so RTNE keeps 8 (results/perf/session8/README.md)."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
@@ -1008,7 +1009,7 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
         BM = max(BM, min(4096 // BN, 64)) if row else (max(col, 16) if heavy else BM)
     while BM * BN > 8192 and BN > max(row or 16, 16):
         BN //= 2
-    return BM, BN, 4 if col == 32 and not row else _num_warps(BM, BN), 1
+    return BM, BN, 4 if col == 32 and not row and sr else _num_warps(BM, BN), 1
 
 
 def _num_warps(BM, BN):
@@ -1117,7 +1118,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
                 for s in (row, col))
     BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
                              col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy,
-                             any(s and s.packed for s in (row, col)))
+                             any(s and s.packed for s in (row, col)),
+                             any(s and s.rounding == "sr" for s in (row, col)))
     if mode == 0 and row and max(16, row.fmt.block) == 32 and (row.packed or row.rounding == "sr"):
         mode = 2  # whole 32-groups per thread: 2x faster there, but 1.1-1.3x slower for RTNE
         # fake quant (results/perf/session8/README.md)
