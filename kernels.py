@@ -308,7 +308,8 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
         if NSEG == 1 and not SR:  # a uniform grid's index: the low mantissa bits of a + step 2^23
             idx = biased.to(tl.int32, bitcast=True) & 7
         elif E2M1:  # the index is E2M1's own bits: mag * 2^-126 has them as its lowest exponent
-            # bits and top mantissa bit (0.5 a subnormal), _grid_mag's inverse
+            # bits and top mantissa bit (0.5 a subnormal, as in _grid_mag, whose inverse this is:
+            # a thread that flushes subnormals, torch.set_flush_denormal, would break both)
             idx = (mag * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22
         else:  # any grid of up to three uniform pieces
             idx = (mag * (1.0 / ST0)).to(tl.int32)
@@ -968,7 +969,7 @@ def _pow2_at_least(n, lo):
     return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, sr=False):
+def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
     an H200 (results/kernels_h200.md): row tiles of one row per warp (8 x 512, joined half-group
@@ -986,11 +987,7 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, sr=False
     UFP4 at 16384 x 768 / 2304 / 3072; a packed side (x): 64 x 64 with plain loads, 3 % faster
     than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower). A packed column side alone (x of the MoE's
     experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
-    (results/perf/session6/xpair_tiles.txt). sr: a side rounds stochastically. A column side
-    alone of 32-groups with SR (MXFP4, RHT16, 8192^2): 64 x 128 with 4 warps (two columns per
-    thread, 4-byte loads), 14 % faster than with 8 warps (one column per thread, 2-byte loads) in
-    three runs; for RTNE fake quant 4 warps were 4 % faster in one run and 13-15 % slower in two,
-    so RTNE keeps 8 (results/perf/session8/README.md)."""
+    (results/perf/session6/xpair_tiles.txt). _run adjusts two choices for 32-element groups."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
@@ -1009,7 +1006,7 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, sr=False
         BM = max(BM, min(4096 // BN, 64)) if row else (max(col, 16) if heavy else BM)
     while BM * BN > 8192 and BN > max(row or 16, 16):
         BN //= 2
-    return BM, BN, 4 if col == 32 and not row and sr else _num_warps(BM, BN), 1
+    return BM, BN, _num_warps(BM, BN), 1
 
 
 def _num_warps(BM, BN):
@@ -1118,11 +1115,14 @@ def _run(x3, row, col, out_dtype, cfg=None):
                 for s in (row, col))
     BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
                              col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy,
-                             any(s and s.packed for s in (row, col)),
-                             any(s and s.rounding == "sr" for s in (row, col)))
-    if mode == 0 and row and max(16, row.fmt.block) == 32 and (row.packed or row.rounding == "sr"):
-        mode = 2  # whole 32-groups per thread: 2x faster there, but 1.1-1.3x slower for RTNE
-        # fake quant (results/perf/session8/README.md)
+                             any(s and s.packed for s in (row, col)))
+    # 32-element groups (32-blocks), measured on MXFP4 at 8192^2 (results/perf/session8/README.md):
+    if not cfg and row and max(16, row.fmt.block) == 32 and mode == 0 and (row.packed or row.rounding == "sr"):
+        mode = 2  # whole groups per thread: SR, packed with RHT16 1.3-2.1x faster (RTNE fake 1.25-1.56x slower)
+    if not cfg and col and not row and max(16, col.fmt.block) == 32 and col.rounding == "sr" and \
+            (BM, BN, nw) == (64, 128, 8):
+        nw = 4  # two columns per thread, 4-byte loads: SR 14 % faster (RTNE fake: 4 % faster to
+        # 15 % slower over three runs, so it keeps 8)
     if row and row.fmt.block_2d:
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:

@@ -130,24 +130,40 @@ def test_rtne_nd_and_bf16_input():
     check_rtne(randn(19, 64, seed=6), fp4.get_format("e1m2/32/e4m3"), 1, 32)
 
 
-def test_row_tiles_of_whole_groups():
+def test_row_tiles_of_whole_groups(monkeypatch):
     """bf16 rows a multiple of 512 wide take 8 x 512 tiles whose loads hand each thread whole
     G-groups (row load mode 0: two half-groups; mode 2, for 32-groups that are packed or SR: four
     8-element pieces): 32-blocks (MXFP4, MXINT4) and 16-blocks (NVFP4); RHT off, inside a group
     and across groups; rows that do not fill a tile (masks). RTNE against the reference; SR
     against the same kernel with plain loads (mode 1), whose random bits are the same."""
+    modes = []
+    launch = kernels._launch
+    monkeypatch.setattr(kernels, "_launch", lambda k, g, a, meta, *r: (modes.append(meta.get("ROWLOAD")),
+                                                                         launch(k, g, a, meta, *r)))
+    plain, whole = (8, 512, 4, 1), (8, 512, 4, 2)
     for i, name in enumerate(("mxfp4", "mxint4", "nvfp4")):
         fmt = fmt_of(name)
         x = randn(20, 1024, seed=30 + i, dtype=torch.bfloat16)
         for rht in (None, 16, 64):
             assert kernels._tile(20, 1024, kernels._need(fmt, rht), None) == (8, 512, 4, 0)
             check_rtne(x, fmt, 1, rht, dtypes=(torch.bfloat16,))
-            plain = (8, 512, 4, 1)
-            assert_same(kernels.fake_quant(x, fmt, 1, "sr", rht, 7, torch.bfloat16),
-                        kernels.fake_quant(x, fmt, 1, "sr", rht, 7, torch.bfloat16, _cfg=plain),
-                        f"{name} rht {rht} SR fake")
-            assert_qtensor(kernels.quantize(x, fmt, 1, "sr", rht, 7),
-                           kernels.quantize(x, fmt, 1, "sr", rht, 7, _cfg=plain), f"{name} rht {rht} SR")
+            assert_qtensor(kernels.quantize(x, fmt, 1, rht=rht, _cfg=whole), fp4.quantize(x, fmt, 1, rht=rht),
+                           f"{name} rht {rht} mode 2")
+            assert_same(kernels.fake_quant(x, fmt, 1, rht=rht, dtype=torch.bfloat16, _cfg=whole),
+                        fp4.fake_quant(x, fmt, 1, rht=rht, dtype=torch.bfloat16), f"{name} rht {rht} mode 2 fake")
+            for sides in ((None, plain), (whole, plain)):
+                fq = [kernels.fake_quant(x, fmt, 1, "sr", rht, 7, torch.bfloat16, _cfg=c) for c in sides]
+                assert_same(fq[0], fq[1], f"{name} rht {rht} SR fake {sides}")
+                q = [kernels.quantize(x, fmt, 1, "sr", rht, 7, _cfg=c) for c in sides]
+                assert_qtensor(q[0], q[1], f"{name} rht {rht} SR {sides}")
+    # the default launches: mode 2 for 32-blocks packed or SR, mode 0 otherwise
+    for name, want in (("mxfp4", [0, 2, 2]), ("nvfp4", [0] * 6)):  # nvfp4: an amax pass before each
+        modes.clear()
+        x = randn(16, 512, seed=40, dtype=torch.bfloat16)
+        kernels.fake_quant(x, name, rht=16)
+        kernels.quantize(x, name, rht=16)
+        kernels.fake_quant(x, name, rounding="sr", rht=16, seed=1)
+        assert modes == want, (name, modes)
 
 
 def _tie_tensor(fmt, rows=32, cols=64, seed=0):

@@ -19,11 +19,12 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 38,
           "dy column-wise, SR (Wgrad)": 41, "x column-wise, packed (Wgrad)": 30,
           "dy pair, SR both": 76, "e2m1 dy column-wise, SR": 57, "nvfp4 dy column-wise, SR": 55,
-          "nvfp4 x column-wise, packed": 37,
-          # session 8: E2M1 codes from mag * 2^-126 (nvfp4 packed 37.2 -> 33.7); each thread
-          # holds whole 32-groups (row load mode 2) when packed or SR (MXFP4 row-wise with RHT16:
-          # packed 52.4 -> 29.0, SR 66.0 -> 37.4)
-          "mxfp4 x row-wise, packed": 32, "mxfp4 dy row-wise, SR": 41,
+          "nvfp4 x column-wise, packed": 36,
+          # session 8 (triton 3.9.0; results/perf/session8/sass_count*.txt): E2M1 codes from
+          # mag * 2^-126 (nvfp4 column packed 37.6 -> 34.1, mxfp4 row packed 32.2 -> 28.7); each
+          # thread holds whole 32-groups (row load mode 2) when packed or SR (MXFP4 row-wise with
+          # RHT16 in mode 0: packed 52, SR 66)
+          "mxfp4 x row-wise, packed": 31, "mxfp4 dy row-wise, SR": 41,
           # dequantize (session 6: E2M1 magnitudes from the code's bits, nvfp4 27.5 -> 20.5;
           # session 7: no I2FP, ufp4 11.2 -> 12.2 but no slow conversion, nvfp4 -> 17.6)
           "ufp4 dequantize, row-wise codes": 13.5, "nvfp4 dequantize, row-wise codes": 19.5,
@@ -83,6 +84,8 @@ def test_packed_gemm_loads_after_the_fence_for_e2m1():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
+    if out.returncode and "ptxas" in out.stderr + out.stdout and "not found" in out.stderr:
+        pytest.skip("this triton has no ptxas")
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("nvfp4", "mxfp4"))]
     assert len(rows) == 2, out.stdout
