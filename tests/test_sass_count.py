@@ -39,13 +39,20 @@ LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 38,
 NO_SLOW = [k for k in LIMITS if "SR" in k or "dequantize" in k or "main loop" in k]
 
 
-def test_quantize_and_dequantize_kernels_stay_lean():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not interpret
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sass_count.py")], env=env,
-                         capture_output=True, text=True, timeout=600)
+def _compiled(args):
+    """python args in the repo root, compiling (not interpreting) the kernels; its output. Skips
+    where this triton has no ptxas."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
     if out.returncode and "ptxas" in out.stderr + out.stdout and "not found" in out.stderr:
         pytest.skip("this triton has no ptxas")
     assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def test_quantize_and_dequantize_kernels_stay_lean():
+    out = _compiled([os.path.join("scripts", "sass_count.py")])
     rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
             for m in re.finditer(r"^\| (.+?) \| [^|]+ \| ([\d.]+) \| \d+ \| ([\d.]+) \|", out.stdout, re.M)}
     counts = {k: v[0] for k, v in rows.items()}
@@ -65,10 +72,7 @@ def test_packed_gemm_compiles_for_ampere_and_ada():
             "for cap in (80, 89):\n"
             "    for fmt in ('ufp4', 'nvfp4', 'mxfp4'):\n"
             "        S.compile_mm(fmt, 128, 128, 64, 8, 8, 3, cap=cap)\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
+    _compiled(["-c", code])
 
 
 def test_packed_gemm_loads_after_the_fence_for_e2m1():
@@ -81,12 +85,7 @@ def test_packed_gemm_loads_after_the_fence_for_e2m1():
             "    ops = [m.group(1) for m in map(S.INSTRUCTION.match, S.main_loop(lines)) if m]\n"
             "    fence = ops.index('MEMBAR')\n"
             "    print(fmt, ops[:fence].count('LDG'), ops[fence:].count('LDG'))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
-    if out.returncode and "ptxas" in out.stderr + out.stdout and "not found" in out.stderr:
-        pytest.skip("this triton has no ptxas")
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _compiled(["-c", code])
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("nvfp4", "mxfp4"))]
     assert len(rows) == 2, out.stdout
     for fmt, before, after in rows:
