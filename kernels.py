@@ -360,10 +360,11 @@ def _st(p, v, mask, EVEN: tl.constexpr):
 def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
                MODE: tl.constexpr, EVEN: tl.constexpr):
     """x[m0:m0+BM, n0:n0+BN] as fp32 [BM, BN]. MODE 0: two strided loads of the half-groups,
-    joined, so each thread holds whole G-groups along N, as pairs of lanes for G = 32 (16-byte
-    vectors); MODE 2: G / 8 loads of 8-element pieces, so each thread holds a whole 32-group (the
-    same as MODE 0 for G = 16); MODE 1: one plain coalesced load (a group spans lanes: the
-    compiler shuffles). EVEN: the tile lies inside x (no masks)."""
+    joined, so each thread holds whole G-groups along N (for G = 32 a half-group is two 16-byte
+    vectors, which the compiler gives to two lanes); MODE 2: G / 8 loads of 8-element pieces, so
+    each thread holds a whole 32-group (the same as MODE 0 for G = 16); MODE 1: one plain
+    coalesced load (a group spans lanes: the compiler shuffles). EVEN: the tile lies inside x
+    (no masks)."""
     if MODE == 1:
         r1 = m0 + tl.arange(0, BM)
         c1 = n0 + tl.arange(0, BN)
@@ -374,11 +375,12 @@ def _load_rows(x_ptr, base, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, G:
     c = n0 + (tl.arange(0, BN // G) * G)[None, :, None] + tl.arange(0, P)[None, None, :]
     off = base + r[:, None, None].to(tl.int64) * N + c
     mask = (r[:, None, None] < M) & (c < N)
-    v = tl.join(_ld(x_ptr + off, mask, EVEN), _ld(x_ptr + off + P, mask, EVEN))  # [BM, BN / G, P, 2]: piece j
+    v = tl.join(_ld(x_ptr + off, mask, EVEN), _ld(x_ptr + off + P, mask, EVEN))  # piece j: [.., P, 2]
     if G == 2 * P:
         out = tl.reshape(tl.permute(v, (0, 1, 3, 2)), [BM, BN])
-    else:  # four pieces: 2 i + j
-        v = tl.join(v, tl.join(_ld(x_ptr + off + 2 * P, mask, EVEN), _ld(x_ptr + off + 3 * P, mask, EVEN)))
+    else:  # four pieces, piece 2 i + j: [.., P, 2, 2]
+        v = tl.join(v, tl.join(_ld(x_ptr + off + 2 * P, mask, EVEN),
+                               _ld(x_ptr + off + 3 * P, mask, EVEN)))
         out = tl.reshape(tl.permute(v, (0, 1, 4, 3, 2)), [BM, BN])
     return out
 
@@ -1117,8 +1119,10 @@ def _run(x3, row, col, out_dtype, cfg=None):
                              col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy,
                              any(s and s.packed for s in (row, col)))
     # 32-element groups (32-blocks), measured on MXFP4 at 8192^2 (results/perf/session8/README.md):
-    if not cfg and row and max(16, row.fmt.block) == 32 and mode == 0 and (row.packed or row.rounding == "sr"):
-        mode = 2  # whole groups per thread: SR, packed with RHT16 1.3-2.1x faster (RTNE fake 1.25-1.56x slower)
+    if not cfg and row and max(16, row.fmt.block) == 32 and mode == 0 and \
+            (row.packed or row.rounding == "sr"):
+        mode = 2  # whole groups per thread: SR, packed with RHT16 1.3-2.1x faster (RTNE fake
+        # 1.25-1.56x slower)
     if not cfg and col and not row and max(16, col.fmt.block) == 32 and col.rounding == "sr" and \
             (BM, BN, nw) == (64, 128, 8):
         nw = 4  # two columns per thread, 4-byte loads: SR 14 % faster (RTNE fake: 4 % faster to
@@ -1276,8 +1280,8 @@ def _mm_config(M, N, K):
 
 
 def _mm_meta(fa, fb, a_ts, b_ts):
-    """_fp4_mm_kernel's constexprs for operands of formats fa (A) and fb (B), with or without
-    tensor scales, but the tile's."""
+    """All of _fp4_mm_kernel's constexprs but the tile's, for operands of formats fa (A) and fb
+    (B), with (a_ts, b_ts) or without tensor scales."""
     meta = {}
     for p, f, ts in (("A_", fa, a_ts), ("B_", fb, b_ts)):
         meta.update({p + k: v for k, v in _grid_meta(f.grid).items()})

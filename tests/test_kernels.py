@@ -138,8 +138,8 @@ def test_row_tiles_of_whole_groups(monkeypatch):
     against the same kernel with plain loads (mode 1), whose random bits are the same."""
     modes = []
     launch = kernels._launch
-    monkeypatch.setattr(kernels, "_launch", lambda k, g, a, meta, *r: (modes.append(meta.get("ROWLOAD")),
-                                                                         launch(k, g, a, meta, *r)))
+    monkeypatch.setattr(kernels, "_launch", lambda k, g, a, meta, *r: (
+        modes.append(meta.get("ROWLOAD")), launch(k, g, a, meta, *r)))
     plain, whole = (8, 512, 4, 1), (8, 512, 4, 2)
     for i, name in enumerate(("mxfp4", "mxint4", "nvfp4")):
         fmt = fmt_of(name)
@@ -147,15 +147,16 @@ def test_row_tiles_of_whole_groups(monkeypatch):
         for rht in (None, 16, 64):
             assert kernels._tile(20, 1024, kernels._need(fmt, rht), None) == (8, 512, 4, 0)
             check_rtne(x, fmt, 1, rht, dtypes=(torch.bfloat16,))
-            assert_qtensor(kernels.quantize(x, fmt, 1, rht=rht, _cfg=whole), fp4.quantize(x, fmt, 1, rht=rht),
-                           f"{name} rht {rht} mode 2")
+            what = f"{name} rht {rht}"
+            assert_qtensor(kernels.quantize(x, fmt, 1, rht=rht, _cfg=whole),
+                           fp4.quantize(x, fmt, 1, rht=rht), f"{what} mode 2")
             assert_same(kernels.fake_quant(x, fmt, 1, rht=rht, dtype=torch.bfloat16, _cfg=whole),
-                        fp4.fake_quant(x, fmt, 1, rht=rht, dtype=torch.bfloat16), f"{name} rht {rht} mode 2 fake")
+                        fp4.fake_quant(x, fmt, 1, rht=rht, dtype=torch.bfloat16), f"{what} mode 2 fake")
             for sides in ((None, plain), (whole, plain)):
                 fq = [kernels.fake_quant(x, fmt, 1, "sr", rht, 7, torch.bfloat16, _cfg=c) for c in sides]
-                assert_same(fq[0], fq[1], f"{name} rht {rht} SR fake {sides}")
+                assert_same(fq[0], fq[1], f"{what} SR fake {sides}")
                 q = [kernels.quantize(x, fmt, 1, "sr", rht, 7, _cfg=c) for c in sides]
-                assert_qtensor(q[0], q[1], f"{name} rht {rht} SR {sides}")
+                assert_qtensor(q[0], q[1], f"{what} SR {sides}")
     # the default launches: mode 2 for 32-blocks packed or SR, mode 0 otherwise
     for name, want in (("mxfp4", [0, 2, 2]), ("nvfp4", [0] * 6)):  # nvfp4: an amax pass before each
         modes.clear()
