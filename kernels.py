@@ -845,6 +845,8 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     for k0 in range(BK, K + BK, BK):
         if DOT_FIRST:
             acc = tl.dot(a, tl.trans(b), acc)
+        # both operands' loads before either dequantize (one load + dequantize function per
+        # operand interleaves them, which changes the schedule: different SASS, not timed)
         ca, sa = _load_operand(a_codes, a_scales, rm, M, K, k0, BM, BK, A_BLOCK, A_B2D)
         cb, sb = _load_operand(b_codes, b_scales, rn, N, K, k0, BN, BK, B_BLOCK, B_B2D)
         a_next = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_E2M1, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
