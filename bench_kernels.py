@@ -1,4 +1,5 @@
-"""Benchmarks of kernels.py on the GPU, in one run (triton.testing.do_bench, median):
+"""Benchmarks of kernels.py on the GPU, in one run (triton.testing.do_bench, median, of each op's
+CUDA-graph replay: GPU time, without the Python of the call):
 
   copy bandwidth (torch clone), fused RHT16 + fake quant 8192^2 bf16 per format, RHT on/off,
   SR vs RTNE, column-wise and both orientations, packed quantize, dequantize, the packed FP4
@@ -57,12 +58,16 @@ def main():
     dev = "cuda"
     rows = []   # (section, name, ms, metric, value, target, note)
 
-    def bench(fn, rep=200):
+    def bench(fn, rep=200, graph=True):
+        """Median ms of fn's GPU work: by default the replay of fn captured in a CUDA graph, so the
+        Python of each call (tens of microseconds for a quantize call) cannot leave the GPU idle
+        inside the timed span; timed with a Python call per launch, the same kernel varied by up
+        to 1.7x within one process (results/perf/session9/spread.txt). graph=False: fn itself."""
         if warm:
             fn()
             torch.cuda.synchronize()
             return 1.0
-        return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+        return do_bench(graphed(fn) if graph else fn, warmup=25, rep=rep, return_mode="median")
 
     def add(section, name, ms, metric="", value=None, target="", note=""):
         rows.append(dict(section=section, name=name, ms=round(ms, 4), metric=metric,
@@ -210,9 +215,9 @@ def main():
 
     def both_ways(f):
         """(eager ms, CUDA-graph replay ms or None)."""
-        ms = bench(f, rep=300)
+        ms = bench(f, rep=300, graph=False)
         try:
-            mg = bench(graphed(f), rep=300)
+            mg = bench(f, rep=300)
         except Exception as e:  # noqa: BLE001
             print(f"   graph capture failed: {type(e).__name__}: {str(e)[:120]}")
             mg = None
@@ -295,6 +300,8 @@ def main():
     lines = [f"# kernels.py on {meta['gpu']}", "",
              f"`{meta['command']}` on {meta['date']}; torch {meta['torch']}, triton {meta['triton']}, "
              f"{meta['sms']} SMs; device copy {cbw:.2f} TB/s (bytes read + written). "
+             "Each op is timed as the replay of a CUDA graph of one call (do_bench median, L2 flushed), "
+             "except the linear rows' eager column. "
              "xcopy = effective bandwidth (bytes the op must read + write) / copy bandwidth.", "",
              "| section | what | ms (median) | metric | value | target | note |",
              "|---|---|---|---|---|---|---|"]
