@@ -976,14 +976,17 @@ def _pow2_at_least(n, lo):
 def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
-    an H200 (results/kernels_h200.md): row tiles of one row per warp (8 x 512, joined half-group
-    loads, mode 0) run at 0.75-0.83 of copy bandwidth, other shapes of that load at 0.34-0.62,
-    plain coalesced loads (mode 1) at 0.65-0.79. Mode 0 on fp32 inputs with 8 x 512 tiles gave
+    an H200 (results/kernels_h200.md): row tiles of whole rows per warp (joined half-group loads,
+    mode 0) run at 0.75-0.83 of copy bandwidth at 8 x 512, other shapes of that load at
+    0.34-0.62, plain coalesced loads (mode 1) at 0.65-0.79. The same 4096 elements as 2 x 2048
+    (or 4 x 1024), fewer and longer row segments per tile, run 3-11 % faster for every format
+    at 8192^2 with the same instructions (results/perf/session9/tiles2.txt), so row tiles take
+    the widest of 2048, 1024, 512 that divides N. Mode 0 on fp32 inputs with 8 x 512 tiles gave
     wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in the interpreter),
     so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at 16384 x 4096.
     heavy: SR on a grid of several pieces (E2M1) with fp32 block scales, whose many live values per
     element favour 16-row tiles (16 x 128, 4 warps): 10-18 % faster than 32 x 128 for dy's column
-    side at 16384 x 2304 and x 3072 and its row side at 2304 (the 8 x 512 row path, taken at 3072,
+    side at 16384 x 2304 and x 3072 and its row side at 2304 (the wide row path, taken at 3072,
     is unchanged; results/perf/sr_tiles.md); uniform grids (UFP4) are fastest at 32 x 128. NVFP4
     came out slower with it (its amax pass shares the tile), MXFP4 is untried.
     Both sides in one kernel (16-bit x, results/perf/session4/pair_tiles.txt): both fake (dy):
@@ -991,11 +994,15 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     UFP4 at 16384 x 768 / 2304 / 3072; a packed side (x): 64 x 64 with plain loads, 3 % faster
     than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower). A packed column side alone (x of the MoE's
     experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
-    (results/perf/session6/xpair_tiles.txt). _run adjusts two choices for 32-element groups."""
+    (results/perf/session6/xpair_tiles.txt); wider tiles (16 rows x 256-1024) were slower for
+    both pairs and for each column side alone (session9/tiles3.txt). _run adjusts two choices for
+    32-element groups."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
-    if row and not col and N % 512 == 0 and 512 % row == 0 and esize == 2:
-        return 8, 512, 4, 0  # (verified on 16-bit inputs; fp32 inputs take the plain load)
+    if row and not col and esize == 2:  # (verified on 16-bit inputs; fp32 inputs take the plain load)
+        for BN in (2048, 1024, 512):
+            if N % BN == 0 and BN % row == 0:
+                return 4096 // BN, BN, 4, 0
     if row and col and esize == 2 and not packed and N % 256 == 0 and 256 % row == 0 and 16 % col == 0:
         return 16, 256, 4, 0
     if row and col and esize == 2 and packed and N % 64 == 0 and 64 % row == 0 and 64 % col == 0:

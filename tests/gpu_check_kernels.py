@@ -292,6 +292,14 @@ def main():
             check_quant(x, fmt_of(name), 0, 16, packed=False)
     check("fp32 inputs (16384x4096), row and column", fp32_activations)
 
+    def wide_rows():  # the default row tiles at 3072 wide: 4 x 1024 (mode 2 for MXFP4's packed and SR)
+        x = randn(4096 if args.quick else 16384, 3072, seed=16)
+        for name in ("ufp4", "nvfp4", "mxfp4"):
+            check_quant(x, fmt_of(name), 1, 16)
+            sr = [kernels.fake_quant(x, name, 1, "sr", 16, 5, torch.bfloat16, _cfg=c) for c in (None, (32, 128, 4, 1))]
+            same(sr[0], sr[1], f"{name} SR row: default tile == plain loads (same random bits)")
+    check("row tiles of 4 x 1024: RTNE vs reference, SR vs plain loads", wide_rows)
+
     def diagnose_rowload():  # prints only: the row load modes on fp32 / bf16 inputs
         for dt in (torch.float32, torch.bfloat16):
             x = randn(16384, 4096, seed=15, dtype=dt) * 0.01

@@ -131,11 +131,12 @@ def test_rtne_nd_and_bf16_input():
 
 
 def test_row_tiles_of_whole_groups(monkeypatch):
-    """bf16 rows a multiple of 512 wide take 8 x 512 tiles whose loads hand each thread whole
-    G-groups (row load mode 0: two half-groups; mode 2, for 32-groups that are packed or SR: four
-    8-element pieces): 32-blocks (MXFP4, MXINT4) and 16-blocks (NVFP4); RHT off, inside a group
-    and across groups; rows that do not fill a tile (masks). RTNE against the reference; SR
-    against the same kernel with plain loads (mode 1), whose random bits are the same."""
+    """bf16 rows a multiple of 512 wide take 4096-element tiles as wide as N allows (8 x 512,
+    4 x 1024, 2 x 2048) whose loads hand each thread whole G-groups (row load mode 0: two
+    half-groups; mode 2, for 32-groups that are packed or SR: four 8-element pieces): 32-blocks
+    (MXFP4, MXINT4) and 16-blocks (NVFP4); RHT off, inside a group and across groups; rows that
+    do not fill a tile (masks). RTNE against the reference; SR against the same kernel with plain
+    loads (mode 1), whose random bits are the same."""
     modes = []
     launch = kernels._launch
     monkeypatch.setattr(kernels, "_launch", lambda k, g, a, meta, *r: (
@@ -145,7 +146,7 @@ def test_row_tiles_of_whole_groups(monkeypatch):
         fmt = fmt_of(name)
         x = randn(20, 1024, seed=30 + i, dtype=torch.bfloat16)
         for rht in (None, 16, 64):
-            assert kernels._tile(20, 1024, kernels._need(fmt, rht), None) == (8, 512, 4, 0)
+            assert kernels._tile(20, 1024, kernels._need(fmt, rht), None) == (4, 1024, 4, 0)
             check_rtne(x, fmt, 1, rht, dtypes=(torch.bfloat16,))
             what = f"{name} rht {rht}"
             assert_qtensor(kernels.quantize(x, fmt, 1, rht=rht, _cfg=whole),
@@ -157,6 +158,14 @@ def test_row_tiles_of_whole_groups(monkeypatch):
                 assert_same(fq[0], fq[1], f"{what} SR fake {sides}")
                 q = [kernels.quantize(x, fmt, 1, "sr", rht, 7, _cfg=c) for c in sides]
                 assert_qtensor(q[0], q[1], f"{what} SR {sides}")
+    # two rows of 2048 per tile, five rows (the last tile half empty), modes 0 and 2
+    x = randn(5, 2048, seed=35, dtype=torch.bfloat16)
+    for name in ("mxfp4", "nvfp4"):
+        fmt = fmt_of(name)
+        assert kernels._tile(5, 2048, kernels._need(fmt, 16), None) == (2, 2048, 4, 0)
+        check_rtne(x, fmt, 1, 16, dtypes=(torch.bfloat16,))
+        assert_qtensor(kernels.quantize(x, fmt, 1, rht=16, _cfg=(2, 2048, 4, 2)),
+                       fp4.quantize(x, fmt, 1, rht=16), f"{name} 2 x 2048 mode 2")
     # the default launches: mode 2 for 32-blocks packed or SR, mode 0 otherwise
     for name, want in (("mxfp4", [0, 2, 2]), ("nvfp4", [0] * 6)):  # nvfp4: an amax pass before each
         modes.clear()
