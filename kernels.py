@@ -743,14 +743,13 @@ mov.b32 {$0, $1}, t;
 }"""
 #   int4 codes (UFP4's grid, any scale): the low nibble's magnitude m as 2^23 + m by its bits,
 #   minus 2^23; the high one's in place as 2^19 + 16 m / 16 (no shift), minus 2^19; times the
-#   fp32 scale, rounded to bf16 in pairs (no int -> float conversion).
+#   fp32 scale, rounded to bf16 in pairs (no int -> float conversion). Each nibble's mask and
+#   exponent in one lop3 ((a & b) | c: lut 0xEA), which ptxas does not fuse from and + or.
 _DEQ_INT4_F32 = """{
 .reg .b32 m0, m1, u, t;
 .reg .f32 f0, f1;
-and.b32 m0, $2, 0x07;
-or.b32 m0, m0, 0x4B000000;
-and.b32 m1, $2, 0x70;
-or.b32 m1, m1, 0x49000000;
+lop3.b32 m0, $2, 0x07, 0x4B000000, 0xEA;
+lop3.b32 m1, $2, 0x70, 0x49000000, 0xEA;
 mov.b32 f0, m0;
 mov.b32 f1, m1;
 sub.f32 f0, f0, 0f4B000000;
@@ -825,8 +824,8 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     SASS) waits for every load in flight, so with the next tiles' loads issued before the dot each
     step waits out their latency before its wgmma; issued after it, their latency overlaps the
     wgmma. Faster for E2M1 operands on the PTX path (NVFP4 4.6 %, MXFP4 6.5 % at 8192^3), slower
-    for UFP4 (7 %), whose longer dequantize then waits for the loads after the wgmma is done
-    (results/perf/session8/README.md)."""
+    for UFP4 (7 %; 3 % with the lop3 dequantize, session9/mm_lop3.txt), whose longer dequantize
+    then waits for the loads after the wgmma is done (results/perf/session8/README.md)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)

@@ -63,6 +63,12 @@ def run(asm, inputs):
             r = val(a[0]) & val(a[1])
         elif op == "or.b32":
             r = val(a[0]) | val(a[1])
+        elif op == "lop3.b32":  # any function of three inputs: bit i of the lut for (a, b, c) = i's bits
+            x, y, z, lut = val(a[0]), val(a[1]), val(a[2]), int(a[3], 0)
+            r = np.zeros(n, np.uint32)
+            for i in range(8):
+                if lut >> i & 1:
+                    r |= (x if i & 4 else ~x) & (y if i & 2 else ~y) & (z if i & 1 else ~z)
         elif op == "shr.u32":
             r = val(a[0]) >> val(a[1])
         elif op in ("sub.f32", "mul.rn.f32"):
