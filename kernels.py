@@ -977,10 +977,11 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
     an H200 (results/kernels_h200.md): row tiles of whole rows per warp (joined half-group loads,
     mode 0) run at 0.75-0.83 of copy bandwidth at 8 x 512, other shapes of that load at
-    0.34-0.62, plain coalesced loads (mode 1) at 0.65-0.79. The same 4096 elements as 2 x 2048
-    (or 4 x 1024), fewer and longer row segments per tile, run 3-11 % faster for every format
-    at 8192^2 with the same instructions (results/perf/session9/tiles2.txt), so row tiles take
-    the widest of 2048, 1024, 512 that divides N. Mode 0 on fp32 inputs with 8 x 512 tiles gave
+    0.34-0.62, plain coalesced loads (mode 1) at 0.65-0.79. The same 4096 elements as 2 x 2048,
+    fewer and longer row segments per tile, run 1-11 % faster for every format's row kernels at
+    8192^2 with the same instructions (4 x 1024: up to 9 %, MXFP4's plain fake quant 1 % slower;
+    results/perf/session9/tiles2.txt), so row tiles take the widest of 2048, 1024, 512 that
+    divides N. Mode 0 on fp32 inputs with 8 x 512 tiles gave
     wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in the interpreter),
     so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at 16384 x 4096.
     heavy: SR on a grid of several pieces (E2M1) with fp32 block scales, whose many live values per
