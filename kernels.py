@@ -1288,13 +1288,28 @@ def _mm_config(M, N, K):
     return 128, 128, 64, 8, 8, 3
 
 
+def _mm_block(fmt):
+    """The elements per scale that the GEMM reads: 16 for 1D 32-blocks, whose scales
+    _mm_scales repeats (the [R, 32]-block scale tile reached the codes' layout through shared
+    memory, after the wgmma's wait: four barriers per K step more than 16-blocks; at 8192^3
+    MXFP4 3.51 -> 3.39 ms, MXINT4 4.05 -> 3.50, results/perf/session9/mm_scales16.txt); else
+    the format's block."""
+    return 16 if fmt.block == 32 and not fmt.block_2d else fmt.block
+
+
+def _mm_scales(q):
+    """q's block scales as the GEMM reads them (_mm_block): 1D 32-blocks' repeated, [R, K / 16]."""
+    s = q.scales.contiguous()
+    return s.repeat_interleave(q.fmt.block // _mm_block(q.fmt), dim=-1) if _mm_block(q.fmt) != q.fmt.block else s
+
+
 def _mm_meta(fa, fb, a_ts, b_ts):
     """All of _fp4_mm_kernel's constexprs but the tile's, for operands of formats fa (A) and fb
     (B), with (a_ts, b_ts) or without tensor scales."""
     meta = {}
     for p, f, ts in (("A_", fa, a_ts), ("B_", fb, b_ts)):
         meta.update({p + k: v for k, v in _grid_meta(f.grid).items()})
-        meta.update({p + "BLOCK": f.block, p + "B2D": bool(f.block_2d), p + "TS": ts,
+        meta.update({p + "BLOCK": _mm_block(f), p + "B2D": bool(f.block_2d), p + "TS": ts,
                      p + "SCALE": _SCALE_ID[f.scale]})
     # both operands dequantized by the E2M1 PTX (NVFP4, MXFP4 scales): the dot first in the loop
     meta["DOT_FIRST"] = all(meta[p + "E2M1"] and meta[p + "SCALE"] != 0 for p in ("A_", "B_"))
@@ -1329,9 +1344,9 @@ def fp4_matmul(qa, qb, dtype=None):
     dummy = qa.scales
     grid = (_cdiv(M, BM) * _cdiv(N, BN),)
     if c.numel():
-        _fp4_mm_kernel[grid](qa.codes, qa.scales.contiguous(),
+        _fp4_mm_kernel[grid](qa.codes, _mm_scales(qa),
                              qa.tensor_scale if qa.tensor_scale is not None else dummy,
-                             qb.codes, qb.scales.contiguous(),
+                             qb.codes, _mm_scales(qb),
                              qb.tensor_scale if qb.tensor_scale is not None else dummy,
                              c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=GM, DOT_FP32=INTERPRET,
                              num_warps=nw, num_stages=ns, **meta)

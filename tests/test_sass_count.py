@@ -91,3 +91,20 @@ def test_packed_gemm_loads_after_the_fence_for_e2m1():
     assert len(rows) == 2, out.stdout
     for fmt, before, after in rows:
         assert before == "0" and int(after) > 0, f"{fmt}: {before} loads before the fence, {after} after"
+
+
+def test_packed_gemm_reads_32_block_scales_without_shared_memory():
+    """1D 32-block scales (MXFP4, MXINT4) reach the codes' layout in registers, as 16-blocks' do:
+    no shared-memory loads and no more barriers in the loop than NVFP4's. Their [rows, K / 32]
+    tile went through shared memory after the wgmma's wait (3 LDS, 4 more BAR per K step):
+    3.6 % and 14 % slower at 8192^3 (results/perf/session9/mm_scales16.txt)."""
+    code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S, kernels\n"
+            "for fmt in ('mxfp4', 'mxint4', 'nvfp4'):\n"
+            "    ops, _ = S.sass(S.compile_mm(fmt, *kernels._mm_config(8192, 8192, 8192)), loop=True)\n"
+            "    print(fmt, ops['LDS'], ops['BAR'])\n")
+    out = _compiled(["-c", code])
+    rows = {r[0]: (int(r[1]), int(r[2])) for r in (line.split() for line in out.stdout.splitlines())
+            if r and r[0] in ("mxfp4", "mxint4", "nvfp4")}
+    assert len(rows) == 3, out.stdout
+    for fmt in ("mxfp4", "mxint4"):
+        assert rows[fmt][0] == 0 and rows[fmt][1] <= rows["nvfp4"][1], (fmt, rows)
