@@ -11,6 +11,7 @@ import torch, triton
 from triton.testing import do_bench
 sys.path[:0] = ["."]
 import kernels
+from bench_kernels import graphed
 
 out = sys.argv[1] if len(sys.argv) > 1 else "."
 smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,"
@@ -26,25 +27,17 @@ launches = {"copy": lambda: x.clone(),
 
 
 def graph(f, n):
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        for _ in range(3):
-            f()
-    torch.cuda.current_stream().wait_stream(st)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            f()
-    return g
+    """n back-to-back calls of f in one CUDA graph: its replay (at the run, this file had its own
+    copy of bench_kernels.graphed's capture)."""
+    return graphed(lambda: [f() for _ in range(n)])
 
 
 def graph10(g):
-    g.replay()
+    g()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     for _ in range(20):
-        g.replay()
+        g()
     e.record()
     e.synchronize()
     return s.elapsed_time(e) / 200
@@ -59,7 +52,7 @@ for rnd in range(8):
         r = dict(round=rnd, name=name, t=round(time.time() - t0, 2),
                  dobench=do_bench(f, warmup=25, rep=200, return_mode="median"),
                  graph10=graph10(g10),
-                 dobench_graph=do_bench(g1.replay, warmup=25, rep=200, return_mode="median"))
+                 dobench_graph=do_bench(g1, warmup=25, rep=200, return_mode="median"))
         rows.append(r)
         print(rnd, f"{name:18s} t={r['t']:6.1f}s dobench {r['dobench']:.4f}  graph10 {r['graph10']:.4f}  "
               f"dobench_graph {r['dobench_graph']:.4f} ms", flush=True)
