@@ -975,13 +975,15 @@ def _pow2_at_least(n, lo):
 def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
-    an H200 (results/kernels_h200.md): row tiles of whole rows per warp (joined half-group loads,
-    mode 0) run at 0.75-0.83 of copy bandwidth at 8 x 512, other shapes of that load at
-    0.34-0.62, plain coalesced loads (mode 1) at 0.65-0.79. The same 4096 elements as 2 x 2048,
-    fewer and longer row segments per tile, run 1-11 % faster for every format's row kernels at
-    8192^2 with the same instructions (4 x 1024: up to 9 %, MXFP4's plain fake quant 1 % slower;
-    results/perf/session9/tiles2.txt), so row tiles take the widest of 2048, 1024, 512 that
-    divides N. Mode 0 on fp32 inputs with 8 x 512 tiles gave
+    an H200 (results/kernels_h200.md, graph replays): UFP4's RTNE fake quant with RHT16 runs at
+    0.82 of copy bandwidth in 8 x 512 tiles with joined half-group loads (mode 0, whole G-groups
+    per thread: block amax and RHT without shuffles) or plain loads (mode 1), other tile shapes
+    of mode 0 at 0.35-0.61. The same 4096 elements as 2 x 2048, fewer and longer row segments per
+    tile, run 1-11 % faster for every format's row kernels at 8192^2 with the same instructions
+    (4 x 1024: 0.89-1.01 of the 8 x 512 time; results/perf/session9/tiles2.txt), so row tiles
+    take the widest of 2048, 1024, 512 that divides N (_run keeps 2D blocks at 512 wide: the BM
+    it raises to the block would make 16 x 2048 tiles, which spill). Mode 0 on fp32 inputs with
+    8 x 512 tiles gave
     wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in the interpreter),
     so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at 16384 x 4096.
     heavy: SR on a grid of several pieces (E2M1) with fp32 block scales, whose many live values per
@@ -995,8 +997,9 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower). A packed column side alone (x of the MoE's
     experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
     (results/perf/session6/xpair_tiles.txt); wider tiles (16 rows x 256-1024) were slower for
-    both pairs and for each column side alone (session9/tiles3.txt). _run adjusts two choices for
-    32-element groups."""
+    both pairs and for each column side alone, but for 16 x 256 on UFP4's column SR alone (3 %
+    faster; training runs it in the pair; session9/tiles3.txt). _run adjusts two choices for
+    32-element groups and caps 2D row tiles."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and esize == 2:  # (verified on 16-bit inputs; fp32 inputs take the plain load)
@@ -1137,6 +1140,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
         nw = 4  # two columns per thread, 4-byte loads: SR 14 % faster (RTNE fake: 4 % faster to
         # 15 % slower over three runs, so it keeps 8)
     if row and row.fmt.block_2d:
+        if not cfg:
+            BN = min(BN, 512)  # as before the wide row tiles: 16 x 2048 spills registers
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:
         BN = max(BN, col.fmt.block)

@@ -36,12 +36,12 @@ import kernels  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 # (name, row side, column side, (BM, BN, num_warps, row load mode)); a side: (format, rounding,
-# RHT, packed). The tiles are kernels._tile's defaults at GPT-2 shapes (16384 x 768 / 2304 / 3072),
-# except the row-only ones: 8 x 512, where 3072-wide rows now take 4 x 1024, whose counts per element
-# are the same under triton 3.6 (results/perf/session9/README.md).
+# RHT, packed). The tiles are kernels._tile's defaults at GPT-2 shapes (16384 x 768 / 2304 / 3072;
+# the row-only ones at 3072 wide, 4 x 1024: until the ninth session 8 x 512, which counts the same
+# per element, results/perf/session9/row_tile_sass.txt).
 LAUNCHES = [
-    ("x row-wise, RTNE (Fprop)", ("ufp4", "rtne", 16, False), None, (8, 512, 4, 0)),
-    ("dy row-wise, SR (Dgrad)", ("ufp4", "sr", 16, False), None, (8, 512, 4, 0)),
+    ("x row-wise, RTNE (Fprop)", ("ufp4", "rtne", 16, False), None, (4, 1024, 4, 0)),
+    ("dy row-wise, SR (Dgrad)", ("ufp4", "sr", 16, False), None, (4, 1024, 4, 0)),
     ("dy column-wise, SR (Wgrad)", None, ("ufp4", "sr", 16, False), (32, 128, 4, 1)),
     ("x column-wise, packed (Wgrad)", None, ("ufp4", "rtne", 16, True), (128, 64, 4, 1)),
     ("x pair: row fake + column packed", ("ufp4", "rtne", 16, False), ("ufp4", "rtne", 16, True), (64, 64, 4, 1)),
@@ -49,8 +49,8 @@ LAUNCHES = [
     ("e2m1 dy column-wise, SR", None, ("e2m1", "sr", 16, False), (16, 128, 4, 1)),
     ("nvfp4 dy column-wise, SR", None, ("nvfp4", "sr", 16, False), (32, 128, 4, 1)),
     ("nvfp4 x column-wise, packed", None, ("nvfp4", "rtne", 16, True), (128, 64, 4, 1)),
-    ("mxfp4 x row-wise, packed", ("mxfp4", "rtne", 16, True), None, (8, 512, 4, 2)),
-    ("mxfp4 dy row-wise, SR", ("mxfp4", "sr", 16, False), None, (8, 512, 4, 2)),
+    ("mxfp4 x row-wise, packed", ("mxfp4", "rtne", 16, True), None, (4, 1024, 4, 2)),
+    ("mxfp4 dy row-wise, SR", ("mxfp4", "sr", 16, False), None, (4, 1024, 4, 2)),
 ]
 
 

@@ -137,16 +137,16 @@ def test_row_tiles_of_whole_groups(monkeypatch):
     (MXFP4, MXINT4) and 16-blocks (NVFP4); RHT off, inside a group and across groups; rows that
     do not fill a tile (masks). RTNE against the reference; SR against the same kernel with plain
     loads (mode 1), whose random bits are the same."""
-    modes = []
+    metas = []
     launch = kernels._launch
     monkeypatch.setattr(kernels, "_launch", lambda k, g, a, meta, *r: (
-        modes.append(meta.get("ROWLOAD")), launch(k, g, a, meta, *r)))
+        metas.append(meta), launch(k, g, a, meta, *r)))
     plain, whole = (8, 512, 4, 1), (8, 512, 4, 2)
     for i, name in enumerate(("mxfp4", "mxint4", "nvfp4")):
         fmt = fmt_of(name)
-        x = randn(20, 1024, seed=30 + i, dtype=torch.bfloat16)
+        x = randn(22, 1024, seed=30 + i, dtype=torch.bfloat16)
         for rht in (None, 16, 64):
-            assert kernels._tile(20, 1024, kernels._need(fmt, rht), None) == (4, 1024, 4, 0)
+            assert kernels._tile(22, 1024, kernels._need(fmt, rht), None) == (4, 1024, 4, 0)
             check_rtne(x, fmt, 1, rht, dtypes=(torch.bfloat16,))
             what = f"{name} rht {rht}"
             assert_qtensor(kernels.quantize(x, fmt, 1, rht=rht, _cfg=whole),
@@ -166,13 +166,24 @@ def test_row_tiles_of_whole_groups(monkeypatch):
         check_rtne(x, fmt, 1, 16, dtypes=(torch.bfloat16,))
         assert_qtensor(kernels.quantize(x, fmt, 1, rht=16, _cfg=(2, 2048, 4, 2)),
                        fp4.quantize(x, fmt, 1, rht=16), f"{name} 2 x 2048 mode 2")
+        fq = [kernels.fake_quant(x, fmt, 1, "sr", 16, 7, torch.bfloat16, _cfg=c) for c in (None, plain)]
+        assert_same(fq[0], fq[1], f"{name} 2 x 2048 SR fake")
+        q = [kernels.quantize(x, fmt, 1, "sr", 16, 7, _cfg=c) for c in (None, plain)]
+        assert_qtensor(q[0], q[1], f"{name} 2 x 2048 SR")
+    # 2D blocks (16 x 16 tiles) on bf16 rows keep 16 x 512 tiles (16 x 2048 spills registers)
+    metas.clear()
+    f2 = fmt_of("nvfp4", block_2d=True)
+    check_rtne(randn(32, 2048, seed=36, dtype=torch.bfloat16), f2, 1, None, dtypes=(torch.bfloat16,))
+    tiles = [(m["BM"], m["BN"]) for m in metas if "BN" in m]  # (the dequantize's tiles are BR x BK)
+    assert tiles and all(bm * bn <= 8192 for bm, bn in tiles), tiles
     # the default launches: mode 2 for 32-blocks packed or SR, mode 0 otherwise
     for name, want in (("mxfp4", [0, 2, 2]), ("nvfp4", [0] * 6)):  # nvfp4: an amax pass before each
-        modes.clear()
+        metas.clear()
         x = randn(16, 512, seed=40, dtype=torch.bfloat16)
         kernels.fake_quant(x, name, rht=16)
         kernels.quantize(x, name, rht=16)
         kernels.fake_quant(x, name, rounding="sr", rht=16, seed=1)
+        modes = [m.get("ROWLOAD") for m in metas]
         assert modes == want, (name, modes)
 
 
