@@ -5,7 +5,8 @@ fma(2^23 + m, s, -2^23 s) instead of sub + mul, 5.7; wrong for block scales abov
 for kernels.py), each with the dot before or after the next step's loads (DOT_FIRST); NVFP4 and
 MXFP4, whose code is unchanged, as controls. Every variant's output is compared bit for bit with
 the old kernel's. Timed from CUDA-graph replays (do_bench median, three interleaved rounds).
-Run from the repo root: python results/perf/session9/mm_lop3.py"""
+Run from the repo root at 7ccd0e9, after `python results/perf/session9/mm_sass.py --write .`
+(which writes both tmp_kernels_*.py): python results/perf/session9/mm_lop3.py"""
 import datetime, statistics, sys
 import torch, triton
 from triton.testing import do_bench

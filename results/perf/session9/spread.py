@@ -1,7 +1,9 @@
 """Why the same kernel's time moves between runs: one process times four launches (device copy,
 UFP4 and MXFP4 packed row quantize, UFP4 RHT16 fake quant; 8192^2 bf16) by three methods, eight
-rounds each, while nvidia-smi logs clocks and power beside it; then the UFP4 packed quantize with
-x placed at eight addresses.
+rounds each, while nvidia-smi logs clocks and power beside it; then the UFP4 packed quantize eight
+more times on a fresh copy of x after a spacer allocation (meant to move x; the caching allocator
+gave the copy the same block every time, so these are eight repeats at one address; their do_bench
+figures are means, the default return mode).
   methods: dobench = triton do_bench median (bench_kernels.py's: L2 flushed, one Python call per
   timed launch); graph10 = a CUDA graph of 10 back-to-back calls, replayed 20 times, per call
   (no host, no flush); dobench_graph = do_bench of a one-call graph (flush, no host).
