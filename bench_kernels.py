@@ -117,7 +117,8 @@ def main():
     # --- row tiles: load mode x tile shape (the defaults in kernels._tile come from this table)
     def s_cfg():
         for mode in (0, 1):
-            for cfg in ((32, 128, 4), (16, 256, 4), (8, 512, 4), (4, 1024, 4), (2, 2048, 4), (64, 128, 8), (16, 512, 8)):
+            for cfg in ((32, 128, 4), (16, 256, 4), (8, 512, 4), (4, 1024, 4), (2, 2048, 4),
+                        (64, 128, 8), (16, 512, 8)):
                 ms = bench(lambda: kernels.fake_quant(x, "ufp4", rht=16, _cfg=cfg + (mode,)))
                 add("tile", f"row fake ufp4 RHT16 load mode {mode} cfg {cfg}", ms, "xcopy", eff(ms, 4 * n) / cbw)
         d = kernels._tile(S, S, 16, None)

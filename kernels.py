@@ -983,9 +983,9 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     (4 x 1024: 0.89-1.01 of the 8 x 512 time; results/perf/session9/tiles2.txt), so row tiles
     take the widest of 2048, 1024, 512 that divides N (_run keeps 2D blocks at 512 wide: the BM
     it raises to the block would make 16 x 2048 tiles, which spill). Mode 0 on fp32 inputs with
-    8 x 512 tiles gave
-    wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in the interpreter),
-    so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at 16384 x 4096.
+    8 x 512 tiles gave wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in
+    the interpreter), so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at
+    16384 x 4096.
     heavy: SR on a grid of several pieces (E2M1) with fp32 block scales, whose many live values per
     element favour 16-row tiles (16 x 128, 4 warps): 10-18 % faster than 32 x 128 for dy's column
     side at 16384 x 2304 and x 3072 and its row side at 2304 (the wide row path, taken at 3072,
@@ -1295,7 +1295,7 @@ def _mm_config(M, N, K):
 
 def _mm_block(fmt):
     """The elements per scale that the GEMM reads: 16 for 1D 32-blocks, whose scales
-    _mm_scales repeats (the [R, 32]-block scale tile reached the codes' layout through shared
+    _mm_scales repeats (their [R, K / 32] scale tile reached the codes' layout through shared
     memory, after the wgmma's wait: four barriers per K step more than 16-blocks; at 8192^3
     MXFP4 3.51 -> 3.39 ms, MXINT4 4.05 -> 3.50, results/perf/session9/mm_scales16.txt); else
     the format's block."""
@@ -1304,8 +1304,8 @@ def _mm_block(fmt):
 
 def _mm_scales(q):
     """q's block scales as the GEMM reads them (_mm_block): 1D 32-blocks' repeated, [R, K / 16]."""
-    s = q.scales.contiguous()
-    return s.repeat_interleave(q.fmt.block // _mm_block(q.fmt), dim=-1) if _mm_block(q.fmt) != q.fmt.block else s
+    s, per = q.scales.contiguous(), _mm_block(q.fmt)
+    return s if per == q.fmt.block else s.repeat_interleave(q.fmt.block // per, dim=-1)
 
 
 def _mm_meta(fa, fb, a_ts, b_ts):
