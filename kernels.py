@@ -972,7 +972,7 @@ def _pow2_at_least(n, lo):
     return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
+def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, row_2d=False):
     """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
     G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
     an H200 (results/kernels_h200.md, graph replays): UFP4's RTNE fake quant with RHT16 runs at
@@ -981,8 +981,8 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     of mode 0 at 0.35-0.61. The same 4096 elements as 2 x 2048, fewer and longer row segments per
     tile, run 1-11 % faster for every format's row kernels at 8192^2 with the same instructions
     (4 x 1024: 0.89-1.01 of the 8 x 512 time; results/perf/session9/tiles2.txt), so row tiles
-    take the widest of 2048, 1024, 512 that divides N (_run keeps 2D blocks at 512 wide: the BM
-    it raises to the block would make 16 x 2048 tiles, which spill). Mode 0 on fp32 inputs with
+    take the widest of 2048, 1024, 512 that divides N; row_2d (a row side of 2D blocks, whose BM
+    _run raises to the block) keeps 512: 16 x 2048 tiles spill registers. Mode 0 on fp32 inputs with
     8 x 512 tiles gave wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in
     the interpreter), so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at
     16384 x 4096.
@@ -999,11 +999,11 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False):
     (results/perf/session6/xpair_tiles.txt); wider tiles (16 rows x 256-1024) were slower for
     both pairs and for each column side alone, but for 16 x 256 on UFP4's column SR alone (3 %
     faster; training runs it in the pair; session9/tiles3.txt). _run adjusts two choices for
-    32-element groups and caps 2D row tiles."""
+    32-element groups."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
     if row and not col and esize == 2:  # (verified on 16-bit inputs; fp32 inputs take the plain load)
-        for BN in (2048, 1024, 512):
+        for BN in (512,) if row_2d else (2048, 1024, 512):
             if N % BN == 0 and BN % row == 0:
                 return 4096 // BN, BN, 4, 0
     if row and col and esize == 2 and not packed and N % 256 == 0 and 256 % row == 0 and 16 % col == 0:
@@ -1129,7 +1129,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
                 for s in (row, col))
     BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
                              col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy,
-                             any(s and s.packed for s in (row, col)))
+                             any(s and s.packed for s in (row, col)), bool(row and row.fmt.block_2d))
     # 32-element groups (32-blocks), measured on MXFP4 at 8192^2 (results/perf/session8/README.md):
     if not cfg and row and max(16, row.fmt.block) == 32 and mode == 0 and \
             (row.packed or row.rounding == "sr"):
@@ -1140,8 +1140,6 @@ def _run(x3, row, col, out_dtype, cfg=None):
         nw = 4  # two columns per thread, 4-byte loads: SR 14 % faster (RTNE fake: 4 % faster to
         # 15 % slower over three runs, so it keeps 8)
     if row and row.fmt.block_2d:
-        if not cfg:
-            BN = min(BN, 512)  # as before the wide row tiles: 16 x 2048 spills registers
         BM = max(BM, row.fmt.block)
     if col and col.fmt.block_2d:
         BN = max(BN, col.fmt.block)
