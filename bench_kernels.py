@@ -121,8 +121,8 @@ def main():
                         (64, 128, 8), (16, 512, 8)):
                 ms = bench(lambda: kernels.fake_quant(x, "ufp4", rht=16, _cfg=cfg + (mode,)))
                 add("tile", f"row fake ufp4 RHT16 load mode {mode} cfg {cfg}", ms, "xcopy", eff(ms, 4 * n) / cbw)
-        d = kernels._tile(S, S, 16, None)
-        ms = bench(lambda: kernels._tensor_amax(x.view(1, S, S), fp4.FORMATS["nvfp4"], 16, False, *d))
+        d = kernels._amax_tile(S, S, 16, None, 2)
+        ms = bench(lambda: kernels._tensor_amax(x.view(1, S, S), fp4.FORMATS["nvfp4"], 16, False))
         add("tile", f"nvfp4 tensor amax pass alone (reads x), RHT16, default tile {d}", ms, "xcopy",
             eff(ms, 2 * n) / cbw)
         xt = x.t().contiguous()

@@ -629,27 +629,58 @@ def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr
                  DO_ROW: tl.constexpr, R_G: tl.constexpr, R_RHT: tl.constexpr, R_INV: tl.constexpr,
                  R_SMASK: tl.constexpr, DO_COL: tl.constexpr, C_G: tl.constexpr,
                  C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
-                 ROWLOAD: tl.constexpr, EVEN: tl.constexpr):
-    """max |x| over the tensor, after the RHT along N (row side) and/or along M (column side):
-    both from one read of x when NVFP4 quantizes it both ways with different RHTs. NaN if the
-    tensor has NaN."""
+                 PLAIN: tl.constexpr, TILES: tl.constexpr, ROWLOAD: tl.constexpr, EVEN: tl.constexpr):
+    """max |x| over the tensor, after the RHT along N (row side, from row loads) and/or along M
+    (column side, from column loads). PLAIN (one side loads): the other side has no RHT, so its
+    amax is the plain max |x| of the same loads, stored in the other side's output. Each program
+    takes TILES tiles down M and ends with one atomic max per output. NaN if the tensor has NaN."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2)
     base = a.to(tl.int64) * M * N
+    n0 = pid_n * BN
+    if DO_COL:
+        acc = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], tl.float32)
+    plain = acc
+    acc_c = tl.zeros([BN, BM], tl.float32)
+    for t in range(TILES):
+        m0 = (pid_m * TILES + t) * BM
+        if DO_ROW:
+            x = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
+            if PLAIN:
+                plain = _maxnan(plain, tl.abs(x))
+            if R_RHT > 0:
+                x = _rht(x, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
+            acc = _maxnan(acc, tl.abs(x))
+        if DO_COL:  # (with DO_ROW: the second read of the tile comes from L2)
+            x = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G, EVEN)
+            if PLAIN:
+                plain = _maxnan(plain, tl.abs(x))
+            if C_RHT > 0:
+                x = _rht(x, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
+            if DO_ROW:
+                acc_c = _maxnan(acc_c, tl.abs(x))
+            else:
+                acc = _maxnan(acc, tl.abs(x))
+    # non-negative floats (and +NaN) order like their int32 bits: one atomic max per output
     if DO_ROW:
-        x = _load_rows(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, R_G, ROWLOAD, EVEN)
-        if R_RHT > 0:
-            x = _rht(x, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
-        m = _amax(_amax(tl.abs(x), 1), 0)  # NaN if the tile has NaN
-        # non-negative floats (and +NaN) order like their int32 bits: one atomic max per tensor
-        tl.atomic_max(r_part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
-    if DO_COL:  # (the second read of the tile comes from L2)
-        x = _load_cols(x_ptr, base, pid_m * BM, pid_n * BN, M, N, BM, BN, C_G, EVEN)
-        if C_RHT > 0:
-            x = _rht(x, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
-        m = _amax(_amax(tl.abs(x), 1), 0)
-        tl.atomic_max(c_part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
+        _atomic_amax(r_part, acc)
+        if DO_COL:
+            _atomic_amax(c_part, acc_c)
+        elif PLAIN:
+            _atomic_amax(c_part, plain)
+    else:
+        _atomic_amax(c_part, acc)
+        if PLAIN:
+            _atomic_amax(r_part, plain)
+
+
+@triton.jit
+def _atomic_amax(part, v):
+    m = _amax(_amax(v, 1), 0)
+    tl.atomic_max(part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
 
 
 @triton.jit
@@ -1027,29 +1058,54 @@ def _num_warps(BM, BN):
     return max(4, min(8, BM * BN // 1024))
 
 
-def _tensor_amax(x3, fmt, rht, col, BM, BN, nw, mode=1, col_rht=None, col_fmt=None):
+def _tensor_amax(x3, fmt, rht, col, col_rht=None, col_fmt=None, cfg=None):
     """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
     an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc).
-    col_rht (with col False): also the column side's amax after that RHT (0: none), from the same
-    read, for a column side of format col_fmt (default fmt); returns (row amax, col amax) then."""
+    col_rht (with col False): also the column side's amax after that RHT (0: none), for a column
+    side of format col_fmt (default fmt), from the same read; returns (row amax, col amax) then.
+    A side without RHT takes max |x| from the other side's loads. cfg: (BM, BN, warps, row load
+    mode, tiles per program), else _amax_tile's."""
     A, M, N = x3.shape
-    grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     both = col_rht is not None
     outs = [torch.zeros(1, device=x3.device, dtype=torch.int32) for _ in range(1 + both)]
-    sides = ((not col, rht), (col or both, col_rht if both else rht))
+    r_part, c_part = outs[0], outs[-1]
+    r_rht, c_rht = (rht, col_rht) if both else (None if col else rht, rht if col else None)
     groups = (max(16, fmt.block), max(16, (col_fmt if both and col_fmt else fmt).block))
-    meta, meta_key = _amax_meta(sides, groups, BM, BN, M % BM == 0 and N % BN == 0, mode, nw)
-    r_part, c_part = (outs[0], outs[-1]) if both else (outs[0], outs[0])
-    signs = [_signs(n, x3.device, r_part) if on and n else r_part for on, n in sides]
+    # which loads: rows unless only the column side has an RHT; both when both sides have one
+    do_row, do_col = bool(r_rht) or not c_rht, bool(c_rht)
+    plain = both and not (do_row and do_col)
+    BM, BN, nw, mode, tiles = cfg or _amax_tile(M, N, do_row and math.lcm(groups[0], r_rht or 1),
+                                                do_col and math.lcm(groups[1], c_rht or 1), x3.element_size())
+    meta, meta_key = _amax_meta(((do_row, r_rht), (do_col, c_rht)), groups, plain, BM, BN, tiles,
+                                M % (BM * tiles) == 0 and N % BN == 0, mode, nw)
+    signs = [_signs(n, x3.device, r_part) if on and n else r_part for on, n in ((do_row, r_rht), (do_col, c_rht))]
+    grid = (_cdiv(M, BM * tiles), _cdiv(N, BN), A)
     _launch(_amax_kernel, grid, (x3, r_part, c_part, M, N, *signs), meta, meta_key)
     return tuple(outs) if both else outs[0]
 
 
+def _amax_tile(M, N, row, col, esize):
+    """The amax pass's tile (BM, BN, warps, row load mode, tiles per program) for row loads (row:
+    what BN must be a multiple of) and/or column loads (col: what BM must be a multiple of).
+    Measured at the shapes of a GPT-2 layer and 16k x 4096 (results/perf/session10/amax_col.txt):
+    row loads take the row quantize's tile, four per program (one atomic per program; 13 % faster
+    at 16384 x 4096, the same at 768 wide); column loads alone 128 x 64, 14-17 % faster than the
+    quantize pairs' 64 x 64 and 16 x 256; both loads (an RHT on each side) 64 x 64."""
+    if row and col:
+        return max(64, col), max(64, row), 4, 1, 1
+    if col:
+        return max(128, col), 64, 4, 1, 1
+    BM, BN, nw, mode = _tile(M, N, row, None, esize=esize)
+    return BM, BN, nw, mode, 4 if M % (4 * BM) == 0 else 1
+
+
 @functools.lru_cache(maxsize=None)
-def _amax_meta(sides, groups, BM, BN, even, mode, nw):
+def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
     """_amax_kernel's constexprs (and their launch-cache key) for one launch signature: sides
-    ((on, RHT size) for the row and column side), groups (each side's G)."""
-    meta = dict(BM=BM, BN=BN, ROWLOAD=mode, EVEN=even, num_warps=nw, enable_fp_fusion=False)
+    ((loads, RHT size) for the row and column side), groups (each side's G), plain (the side
+    without loads takes max |x| of the other's)."""
+    meta = dict(BM=BM, BN=BN, PLAIN=plain, TILES=tiles, ROWLOAD=mode, EVEN=even, num_warps=nw,
+                enable_fp_fusion=False)
     for p, (on, n), g in zip(("R_", "C_"), sides, groups):
         meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": g,
                      p + "RHT": int(n or 0) if on else 0, p + "INV": float(1.0 / math.sqrt(n or 1)),
@@ -1151,11 +1207,11 @@ def _run(x3, row, col, out_dtype, cfg=None):
     nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
     amaxes = {}
     if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
-        amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, BM, BN, nw, mode,
-                                                col_rht=col.rht or 0, col_fmt=col.fmt)
+        amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
+                                                col_fmt=col.fmt)
     elif nv:
         first = nv[0]
-        amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht), BM, BN, nw, mode)
+        amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
         amaxes = {s: amax for s in nv}
     args = []
     for side, col_side in ((row, False), (col, True)):

@@ -313,7 +313,8 @@ def main():
                         q = kernels.quantize(x, "nvfp4", _cfg=(8, 512, 4, mode))
                     finally:
                         kernels.INTERPRET = saved
-                    amax = kernels._tensor_amax(x.view(1, *x.shape), fp4.FORMATS["nvfp4"], None, False, 8, 512, 4, mode)
+                    amax = kernels._tensor_amax(x.view(1, *x.shape), fp4.FORMATS["nvfp4"], None, False,
+                                                 cfg=(8, 512, 4, mode, 1))
                     print(f"      diag {dt} mode {mode} fast {fast}: codes equal {torch.equal(q.codes, r.codes)}, "
                           f"s_enc {q.tensor_scale.item():.6g} vs {r.tensor_scale.item():.6g}, amax "
                           f"{amax.view(torch.float32).item():.6g} vs {x.abs().amax().item():.6g}, "

@@ -335,6 +335,42 @@ def test_quantize_both_with_other_blocks_per_side():
         assert_same(col, fp4.fake_quant(x, fc, 0, rht=rc, dtype=torch.float32).contiguous(), f"{fc} col")
 
 
+def test_tensor_amax_pass_every_load_plan():
+    """NVFP4's amax pass gives max |RHT(x)| for each side: from row loads, from column loads, from
+    both (an RHT on each side), and for a side without RHT the plain max of the other's loads;
+    with several tiles per program, the last program partly outside x; NaN anywhere gives NaN."""
+    nv = fp4.FORMATS["nvfp4"]
+
+    def want(x3, rht, dim):
+        return (fp4.rht_transform(x3, rht, dim) if rht else x3.float()).abs().amax().item()
+
+    def same(got, w, what):
+        g = got.view(torch.float32).item()
+        assert (math.isnan(g) and math.isnan(w)) or g == w, (what, g, w)
+
+    plans = [  # (row RHT, column RHT or None for one side, col flag, cfg)
+        (16, None, False, None), (None, None, False, None), (16, None, True, None),
+        (None, 16, False, None), (16, 0, False, None), (16, 32, False, None), (None, 0, False, None),
+        (16, None, False, (8, 64, 4, 1, 8)), (None, 16, False, (32, 64, 4, 1, 2))]
+    for shape, dtype in (((1, 96, 512), torch.bfloat16), ((2, 160, 192), torch.float32)):
+        for nan in (False, True):
+            x3 = randn(*shape, seed=21, dtype=dtype)
+            if nan:
+                x3[-1, -1, 5] = float("nan")  # in the last tile of the last program
+            for rr, rc, col, cfg in plans:
+                what = (shape, nan, rr, rc, col, cfg)
+                got = kernels._tensor_amax(x3, nv, rr, col, col_rht=rc, cfg=cfg)
+                if rc is None:
+                    same(got, want(x3, rr, 1 if col else 2), what)
+                else:
+                    same(got[0], want(x3, rr, 2), what)
+                    same(got[1], want(x3, rc or None, 1), what)
+    # the default plans: row loads four tiles per program when M allows; column loads alone 128 x 64
+    assert kernels._amax_tile(96, 512, 16, None, 2) == (8, 512, 4, 0, 4)
+    assert kernels._amax_tile(80, 512, 16, None, 2)[4] == 1
+    assert kernels._amax_tile(96, 512, None, 16, 2) == (128, 64, 4, 1, 1)
+
+
 def test_pair_tiles_for_16_bit_inputs_256_wide():
     assert kernels._tile(48, 256, 16, 16, esize=2) == (16, 256, 4, 0)
     assert kernels._tile(48, 256, 16, 16, esize=2, packed=True) == (64, 64, 4, 1)
@@ -502,7 +538,8 @@ def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales():
     x = randn(64, 128, seed=13)
     seen = []
     real = kernels._tile
-    kernels._tile = lambda *a, **k: seen.append(k.get("heavy", a[6] if len(a) > 6 else False)) or real(*a, **k)
+    # (column-wise calls; nvfp4's amax pass asks _tile for a row tile too)
+    kernels._tile = lambda *a, **k: (a[3] and seen.append(k.get("heavy", a[6] if len(a) > 6 else False))) or real(*a, **k)
     try:
         for name, rounding in (("e2m1", "sr"), ("e2m1", "rtne"), ("ufp4", "sr"), ("nvfp4", "sr")):
             kernels.fake_quant(x, name, dim=0, rounding=rounding, seed=1, dtype=torch.float32)
