@@ -14,7 +14,7 @@ How a tile is quantized (one program, `_quant_tile`): load [R, C] -> optional RH
 reference's add order -> block amax (NaN/Inf flagged separately: Triton's max may drop NaN) ->
 block scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale
 (exact for RTNE, a product for SR) -> round to the grid (RTNE by float arithmetic, or SR as
-floor(k + u) with 16 Philox bits per element) -> code, dequantized value. NVFP4's tensor amax
+floor(k + u) with SR_BITS = 8 Philox bits per element) -> code, dequantized value. NVFP4's tensor amax
 (after RHT) comes from a first pass, `_amax_kernel` (both orientations in one read when both are
 wanted), one atomic max per program (no host sync). The kernels are issue-bound on the H200:
 `scripts/sass_count.py` counts their instructions per element without a GPU. No kernel converts
@@ -148,13 +148,19 @@ def _grid_mag(idx, E2M1: tl.constexpr, NSEG: tl.constexpr, S1: tl.constexpr, S2:
 
 
 @triton.jit
-def _uniform16(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr):
-    """1 + (r + 0.5) / 2^16 (fp32) per element of an [R, C] tile, r 16 random bits placed in the
-    mantissa (no int -> float conversion), from one Philox call per 8 elements; roff [R, C // 8]
-    int32 are the element-group counters (distinct across the tensor)."""
+def _uniform(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr, BITS: tl.constexpr):
+    """1 + (r + 0.5) / 2^BITS (fp32) per element of an [R, C] tile, r BITS random bits (8 or 16)
+    placed in the mantissa (no int -> float conversion), from one Philox call per 128 / BITS
+    elements; roff [R, C * BITS / 128] int32 are the element-group counters (distinct across the
+    tensor)."""
     r0, r1, r2, r3 = tl.randint4x(seed, roff, ROUNDS)
-    u = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 8, 4])
-    u = tl.join(((u << 7) & 0x7FFF80) | 0x3F800040, ((u >> 9) & 0x7FFF80) | 0x3F800040)
+    if BITS == 8:
+        w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 16, 4])
+        u = tl.join(tl.join(((w << 15) & 0x7F8000) | 0x3F804000, ((w << 7) & 0x7F8000) | 0x3F804000),
+                    tl.join(((w >> 1) & 0x7F8000) | 0x3F804000, ((w >> 9) & 0x7F8000) | 0x3F804000))
+    else:
+        u = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 8, 4])
+        u = tl.join(((u << 7) & 0x7FFF80) | 0x3F800040, ((u >> 9) & 0x7FFF80) | 0x3F800040)
     return tl.reshape(u, [R, C]).to(tl.float32, bitcast=True)
 
 
@@ -210,7 +216,7 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
                 S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
                 ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
                 BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr,
-                CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr):
+                CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr):
     """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
     Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
     for 2D tiles) and dequantized values [R, C] fp32 (if DEQ; divided by s_enc for e4m3).
@@ -273,9 +279,9 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
         # multiple of its step, so floor(a / step + u) needs no start
         step = _pow2_floor_1(a) * 0.5
         inv = (0x7F000000 - step.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 1 / step
-        one_u = tl.reshape(_uniform16(seed, roff, R, C, ROUNDS), [R, NB, BLOCK])
+        one_u = tl.reshape(_uniform(seed, roff, R, C, ROUNDS, RBITS), [R, NB, BLOCK])
         mag = _floor_m1(a * inv + one_u) * step
-    elif SR:  # floor(k + u), u uniform on (0, 1) in 16 bits: up with probability frac(k)
+    elif SR:  # floor(k + u), u uniform on (0, 1) in RBITS bits: up with probability ~frac(k)
         start = tl.zeros_like(a)
         step = tl.zeros_like(a) + ST0
         inv = tl.zeros_like(a) + 1.0 / ST0
@@ -290,7 +296,7 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
             step = tl.where(in2, ST2, step)
             inv = tl.where(in2, 1.0 / ST2, inv)
         k = (a - start) * inv  # exact: steps are powers of two
-        one_u = tl.reshape(_uniform16(seed, roff, R, C, ROUNDS), [R, NB, BLOCK])
+        one_u = tl.reshape(_uniform(seed, roff, R, C, ROUNDS, RBITS), [R, NB, BLOCK])
         mag = _floor_m1(k + one_u) * step + start
     else:  # RNE of a to a multiple of its piece's step: (a + step 2^23) - step 2^23
         if E2M1:  # step * 2^23 with E2M1's step at a
@@ -555,7 +561,7 @@ def _quant_kernel(x_ptr, M, N,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
                   BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
-                  ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, DO_ROW: tl.constexpr,
+                  ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr, DO_ROW: tl.constexpr,
                   R_FAKE: tl.constexpr, R_PACKED: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
                   R_E2M1: tl.constexpr, R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
                   R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
@@ -582,6 +588,7 @@ def _quant_kernel(x_ptr, M, N,
     m0 = pid_m * BM
     n0 = pid_n * BN
     base = a * M * N
+    EPC: tl.constexpr = 128 // RBITS  # SR draws per Philox call
     if DO_ROW:
         xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_RHT > 0:
@@ -594,10 +601,10 @@ def _quant_kernel(x_ptr, M, N,
             if R_SEEDPTR:
                 r_seed = tl.load(r_seed)
             rm = m0 + tl.arange(0, BM)
-            roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // 8) + pid_n * (BN // 8) + tl.arange(0, BN // 8)[None, :]
+            roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // EPC) + pid_n * (BN // EPC) + tl.arange(0, BN // EPC)[None, :]
         code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_E2M1, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
-                                    R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS)
+                                    R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS, RBITS)
         if R_FAKE:
             _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_PACKED:
@@ -614,10 +621,10 @@ def _quant_kernel(x_ptr, M, N,
             if C_SEEDPTR:
                 c_seed = tl.load(c_seed)
             rn = n0 + tl.arange(0, BN)
-            roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // 8) + pid_m * (BM // 8) + tl.arange(0, BM // 8)[None, :]
+            roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // EPC) + pid_m * (BM // EPC) + tl.arange(0, BM // EPC)[None, :]
         code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
-                                    C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS)
+                                    C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS, RBITS)
         if C_FAKE:
             _store_cols(c_fake, base, deq, m0, n0, M, N, BM, BN, C_G, EVEN)
         if C_PACKED:
@@ -1114,7 +1121,12 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 
 
 _FAST = {}
-PHILOX_ROUNDS = 10  # Philox4x32 rounds per 8 SR draws: Random123's default (7: 5 % faster SR, results/perf/philox_rounds.md)
+PHILOX_ROUNDS = 10  # Philox4x32 rounds per call: Random123's default (7: 5 % faster SR, results/perf/philox_rounds.md)
+# Random bits per SR draw: 8 (16 draws per Philox call) or 16 (8 per call). With b bits an element
+# k + f rounds up with probability round(2^b f) / 2^b: |bias| <= 2^-(b+1) of a grid step, and
+# f < 2^-(b+1) never rounds up (2^-9 of a step at 8 bits, the figure ../shared/HARDWARE.md gives;
+# Blackwell's cvt.rs takes one 32-bit random operand per four FP4 values).
+SR_BITS = 8
 
 
 def _spec(v):
@@ -1151,7 +1163,7 @@ def _launch(kernel, grid, args, meta, meta_key=None):
 
 
 @functools.lru_cache(maxsize=None)
-def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw):
+def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
     RHT, seed in memory, packed; None when off), and the same as the launch cache's key: built
     once, not per call."""
@@ -1164,7 +1176,7 @@ def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw):
             meta.update(_side_meta(fmt, rounding, rht, p))
             meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed})
         meta[flag] = sig is not None
-    meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, num_warps=nw,
+    meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
                 enable_fp_fusion=False)
     return meta, tuple(sorted(meta.items()))
 
@@ -1236,7 +1248,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
     if M * N * A:
         sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed)  # noqa: E731
         meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0, mode,
-                                     PHILOX_ROUNDS, nw)
+                                     PHILOX_ROUNDS, nw, SR_BITS)
         _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
     for side in (row, col):
         if side is not None and side.fake is not None and side.fake.dtype != out_dtype:

@@ -79,7 +79,7 @@ def compile_quant(row, col, BM, BN, nw, mode):
         return kernels._Side(fp4.get_format(fmt), rounding, rht, 0, torch.device("cpu"), packed)
     sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed)  # noqa: E731
     meta, _ = kernels._quant_meta(sig(side(row)), sig(side(col)), BM, BN, True, mode,
-                                  kernels.PHILOX_ROUNDS, nw)
+                                  kernels.PHILOX_ROUNDS, nw, kernels.SR_BITS)
     fn = kernels._quant_kernel
     ptr = {"x_ptr": "*bf16", "r_fake": "*bf16", "c_fake": "*bf16", "r_codes": "*u8",
            "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
@@ -167,7 +167,7 @@ def main():
     p.add_argument("--mix", action="store_true", help="also print each launch's top opcodes")
     args = p.parse_args()
     print(f"`python {' '.join(sys.argv)}`: triton {triton.__version__}, target sm_90, "
-          f"Philox rounds {kernels.PHILOX_ROUNDS}")
+          f"Philox rounds {kernels.PHILOX_ROUNDS}, SR bits {kernels.SR_BITS}")
     print("| launch | tile (BM, BN, warps, row load) | instructions / element | registers | slow conversions / element |")
     print("|---|---|---|---|---|")
     for name, row, col, (BM, BN, nw, mode) in LAUNCHES:

@@ -434,15 +434,20 @@ def test_sr_unbiased(name):
         assert (sd[exact] == 0).all()
 
 
-def test_sr_probability_matches_fraction():
-    """ufp4, scale 1: value k + f rounds up with probability f (16 random bits: |bias| <= 2^-17)."""
+@pytest.mark.parametrize("bits", [8, 16])
+def test_sr_probability_matches_fraction(bits, monkeypatch):
+    """ufp4, scale 1: value k + f rounds up with probability round(2^b f) / 2^b for b random bits
+    (kernels.SR_BITS): within 2^-(b+1) of f; f = 0.001 never rounds up with 8 bits (2^-9 = 0.00195),
+    and with 16 bits about 0.001 of the time."""
+    monkeypatch.setattr(kernels, "SR_BITS", bits)
     n = 4096
     fracs = torch.tensor([0.0, 0.001, 0.1, 0.25, 0.5, 0.7, 0.9, 0.999])
     row = torch.cat([torch.tensor([7.0]), 2 + fracs, -3 - fracs[:7]])  # 16 = one block
     x = row.repeat(n, 4)
     y = kernels.fake_quant(x, "ufp4", rounding="sr", seed=5, dtype=torch.float32)
     p_up = (y.abs() - x.abs().floor()).double().mean(0)
-    want = torch.cat([torch.zeros(1), fracs, fracs[:7]]).double().repeat(4)
+    f = (x.abs() - x.abs().floor())[0].double()  # the fractions as fp32 holds them
+    want = torch.floor(f * 2**bits + 0.5) / 2**bits
     tol = 5 * torch.sqrt(want * (1 - want) / n) + 1e-9
     assert ((p_up - want).abs() <= tol).all(), (p_up - want).abs().max()
 
