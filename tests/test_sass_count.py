@@ -16,15 +16,18 @@ if importlib.util.find_spec("triton") is None:
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 # launch -> most instructions per element allowed (about 10 % above triton 3.9.0's count)
-LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 38,
-          "dy column-wise, SR (Wgrad)": 41, "x column-wise, packed (Wgrad)": 30,
-          "dy pair, SR both": 76, "e2m1 dy column-wise, SR": 57, "nvfp4 dy column-wise, SR": 55,
+# session 10: SR with 8 random bits per draw (half the Philox calls) cut 3-7 instructions per
+# element from every SR launch (dy row 34.8 -> 31.2, pair 69.0 -> 61.5); the SR limits sit below
+# the 16-bit counts, so they fail if the kernels draw 16 bits again
+LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 34.5,
+          "dy column-wise, SR (Wgrad)": 37.5, "x column-wise, packed (Wgrad)": 30,
+          "dy pair, SR both": 67.5, "e2m1 dy column-wise, SR": 51.5, "nvfp4 dy column-wise, SR": 49.5,
           "nvfp4 x column-wise, packed": 36,
           # session 8 (triton 3.9.0; results/perf/session8/sass_count*.txt): E2M1 codes from
           # mag * 2^-126 (nvfp4 column packed 37.6 -> 34.1, mxfp4 row packed 32.2 -> 28.7); each
           # thread holds whole 32-groups (row load mode 2) when packed or SR (MXFP4 row-wise with
           # RHT16 in mode 0: packed 52, SR 66)
-          "mxfp4 x row-wise, packed": 31, "mxfp4 dy row-wise, SR": 41,
+          "mxfp4 x row-wise, packed": 31, "mxfp4 dy row-wise, SR": 36.5,
           # dequantize (session 6: E2M1 magnitudes from the code's bits, nvfp4 27.5 -> 20.5;
           # session 7: no I2FP, ufp4 11.2 -> 12.2 but no slow conversion, nvfp4 -> 17.6)
           "ufp4 dequantize, row-wise codes": 13.5, "nvfp4 dequantize, row-wise codes": 19.5,
