@@ -16,7 +16,8 @@ block scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits)
 (exact for RTNE, a product for SR) -> round to the grid (RTNE by float arithmetic, or SR as
 floor(k + u) with SR_BITS = 8 Philox bits per element) -> code, dequantized value. NVFP4's tensor amax
 (after RHT) comes from a first pass, `_amax_kernel` (both orientations in one read when both are
-wanted), one atomic max per program (no host sync). The kernels are issue-bound on the H200:
+wanted; a side without RHT takes max |x| of the other side's loads), one atomic max per program
+and output (no host sync). The kernels are issue-bound on the H200:
 `scripts/sass_count.py` counts their instructions per element without a GPU. No kernel converts
 int <-> float or rounds to an integer per element, only per block (I2F, F2I, FRND run at 1/8 of
 the fp32 rate there): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the
@@ -1028,7 +1029,7 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, row_2d=F
     element favour 16-row tiles (16 x 128, 4 warps): 10-18 % faster than 32 x 128 for dy's column
     side at 16384 x 2304 and x 3072 and its row side at 2304 (the wide row path, taken at 3072,
     is unchanged; results/perf/sr_tiles.md); uniform grids (UFP4) are fastest at 32 x 128. NVFP4
-    came out slower with it (its amax pass shares the tile), MXFP4 is untried.
+    came out slower with it (measured when its amax pass shared the tile), MXFP4 is untried.
     Both sides in one kernel (16-bit x, results/perf/session4/pair_tiles.txt): both fake (dy):
     16 x 256 tiles with mode-0 row loads, 10-11 % faster than 32 x 128 with plain loads for
     UFP4 at 16384 x 768 / 2304 / 3072; a packed side (x): 64 x 64 with plain loads, 3 % faster
