@@ -154,14 +154,17 @@ def _uniform(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr,
     placed in the mantissa (no int -> float conversion), from one Philox call per 128 / BITS
     elements; roff [R, C * BITS / 128] int32 are the element-group counters (distinct across the
     tensor)."""
+    tl.static_assert(BITS == 8 or BITS == 16)
     r0, r1, r2, r3 = tl.randint4x(seed, roff, ROUNDS)
     if BITS == 8:
+        MID: tl.constexpr = 0x3F804000  # 1 + 2^-9, the 1 and the 0.5 of 1 + (r + 0.5) / 2^8
         w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 16, 4])
-        u = tl.join(tl.join(((w << 15) & 0x7F8000) | 0x3F804000, ((w << 7) & 0x7F8000) | 0x3F804000),
-                    tl.join(((w >> 1) & 0x7F8000) | 0x3F804000, ((w >> 9) & 0x7F8000) | 0x3F804000))
+        u = tl.join(tl.join(((w << 15) & 0x7F8000) | MID, ((w << 7) & 0x7F8000) | MID),
+                    tl.join(((w >> 1) & 0x7F8000) | MID, ((w >> 9) & 0x7F8000) | MID))
     else:
+        MID16: tl.constexpr = 0x3F800040  # 1 + 2^-17
         u = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 8, 4])
-        u = tl.join(((u << 7) & 0x7FFF80) | 0x3F800040, ((u >> 9) & 0x7FFF80) | 0x3F800040)
+        u = tl.join(((u << 7) & 0x7FFF80) | MID16, ((u >> 9) & 0x7FFF80) | MID16)
     return tl.reshape(u, [R, C]).to(tl.float32, bitcast=True)
 
 
@@ -647,10 +650,10 @@ def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr
     a = tl.program_id(2)
     base = a.to(tl.int64) * M * N
     n0 = pid_n * BN
-    if DO_COL:
-        acc = tl.zeros([BN, BM], tl.float32)
-    else:
+    if DO_ROW:  # the shape of the loads it takes: row loads [BM, BN], column loads [BN, BM]
         acc = tl.zeros([BM, BN], tl.float32)
+    else:
+        acc = tl.zeros([BN, BM], tl.float32)
     plain = acc
     acc_c = tl.zeros([BN, BM], tl.float32)
     for t in range(TILES):
@@ -1071,8 +1074,8 @@ def _tensor_amax(x3, fmt, rht, col, col_rht=None, col_fmt=None, cfg=None):
     an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc).
     col_rht (with col False): also the column side's amax after that RHT (0: none), for a column
     side of format col_fmt (default fmt), from the same read; returns (row amax, col amax) then.
-    A side without RHT takes max |x| from the other side's loads. cfg: (BM, BN, warps, row load
-    mode, tiles per program), else _amax_tile's."""
+    A side without RHT takes max |x| from the other side's loads (col without RHT: row loads).
+    cfg: (BM, BN, warps, row load mode, tiles per program), else _amax_tile's."""
     A, M, N = x3.shape
     both = col_rht is not None
     outs = [torch.zeros(1, device=x3.device, dtype=torch.int32) for _ in range(1 + both)]
@@ -1097,8 +1100,10 @@ def _amax_tile(M, N, row, col, esize):
     what BN must be a multiple of) and/or column loads (col: what BM must be a multiple of).
     Measured at the shapes of a GPT-2 layer and 16k x 4096 (results/perf/session10/amax_col.txt):
     row loads take the row quantize's tile, four per program (one atomic per program; 13 % faster
-    at 16384 x 4096, the same at 768 wide); column loads alone 128 x 64, 14-17 % faster than the
-    quantize pairs' 64 x 64 and 16 x 256; both loads (an RHT on each side) 64 x 64."""
+    at 16384 x 4096, the same at 768 wide); column loads alone 128 x 64, 9-17 % faster than the
+    quantize pairs' 64 x 64 and 27-29 % faster than their 16 x 256; both loads (an RHT on each
+    side, not measured) at least 64 x 64, wider where a side's RHT or group asks. 4 warps for
+    every tile."""
     if row and col:
         return max(64, col), max(64, row), 4, 1, 1
     if col:
@@ -1122,11 +1127,12 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 
 
 _FAST = {}
-PHILOX_ROUNDS = 10  # Philox4x32 rounds per call: Random123's default (7: 5 % faster SR, results/perf/philox_rounds.md)
+PHILOX_ROUNDS = 10  # Philox4x32 rounds per call: Random123's default (7: 5 % faster SR with 16-bit draws, results/perf/philox_rounds.md)
 # Random bits per SR draw: 8 (16 draws per Philox call) or 16 (8 per call). With b bits an element
 # k + f rounds up with probability round(2^b f) / 2^b: |bias| <= 2^-(b+1) of a grid step, and
-# f < 2^-(b+1) never rounds up (2^-9 of a step at 8 bits, the figure ../shared/HARDWARE.md gives;
-# Blackwell's cvt.rs takes one 32-bit random operand per four FP4 values).
+# f < 2^-(b+1) never rounds up (2^-9 of a step at 8 bits). ../shared/HARDWARE.md gives 8 bits per
+# element as the design point (within about 20 % of RTNE); Blackwell's cvt.rs also takes 8 per
+# FP4 value (one 32-bit random operand per four).
 SR_BITS = 8
 
 
@@ -1168,6 +1174,8 @@ def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
     RHT, seed in memory, packed; None when off), and the same as the launch cache's key: built
     once, not per call."""
+    if rbits not in (8, 16):
+        raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws 8 or 16 random bits per element")
     meta = {}
     for sig, p, flag in ((row_sig, "R_", "DO_ROW"), (col_sig, "C_", "DO_COL")):
         if sig is None:

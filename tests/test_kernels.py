@@ -7,6 +7,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 
 import dataclasses  # noqa: E402
+import inspect  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 
@@ -326,10 +327,11 @@ def test_quantize_both_per_side_outputs_and_seeds():
 
 def test_quantize_both_with_other_blocks_per_side():
     # the shared tensor-amax pass reads each side in that side's G-groups (e4m3 scales, blocks 32
-    # and 16, the RHT on one side or both)
+    # and 16, the RHT on one side or both, of other sizes: a pass tile that is not square)
     e2m1_32 = fp4.Format("e2m1/32/e4m3", "e2m1", 32, "e4m3")
     x = randn(64, 256, seed=18, dtype=torch.bfloat16)
-    for fr, fc, rr, rc in ((e2m1_32, "nvfp4", None, 16), ("nvfp4", e2m1_32, 16, None), (e2m1_32, "nvfp4", 32, 16)):
+    for fr, fc, rr, rc in ((e2m1_32, "nvfp4", None, 16), ("nvfp4", e2m1_32, 16, None), (e2m1_32, "nvfp4", 32, 16),
+                           ("nvfp4", "nvfp4", 128, 16)):
         row, col = kernels.quantize_both(x, fr, fc, rht=rr, rht_col=rc, dtype=torch.float32)
         assert_same(row, fp4.fake_quant(x, fr, 1, rht=rr, dtype=torch.float32), f"{fr} row")
         assert_same(col, fp4.fake_quant(x, fc, 0, rht=rc, dtype=torch.float32).contiguous(), f"{fc} col")
@@ -338,7 +340,8 @@ def test_quantize_both_with_other_blocks_per_side():
 def test_tensor_amax_pass_every_load_plan():
     """NVFP4's amax pass gives max |RHT(x)| for each side: from row loads, from column loads, from
     both (an RHT on each side), and for a side without RHT the plain max of the other's loads;
-    with several tiles per program, the last program partly outside x; NaN anywhere gives NaN."""
+    with several tiles per program (row loads and both loads), the last program partly outside x,
+    tiles that are not square; NaN anywhere gives NaN."""
     nv = fp4.FORMATS["nvfp4"]
 
     def want(x3, rht, dim):
@@ -351,13 +354,16 @@ def test_tensor_amax_pass_every_load_plan():
     plans = [  # (row RHT, column RHT or None for one side, col flag, cfg)
         (16, None, False, None), (None, None, False, None), (16, None, True, None),
         (None, 16, False, None), (16, 0, False, None), (16, 32, False, None), (None, 0, False, None),
-        (16, None, False, (8, 64, 4, 1, 8)), (None, 16, False, (32, 64, 4, 1, 2))]
+        (16, None, False, (8, 64, 4, 1, 8)), (None, 16, False, (32, 64, 4, 1, 2)),
+        (128, 16, False, None), (16, 32, False, (32, 64, 4, 1, 2)), (32, 16, False, (64, 32, 4, 1, 3))]
     for shape, dtype in (((1, 96, 512), torch.bfloat16), ((2, 160, 192), torch.float32)):
         for nan in (False, True):
             x3 = randn(*shape, seed=21, dtype=dtype)
             if nan:
-                x3[-1, -1, 5] = float("nan")  # in the last tile of the last program
+                x3[-1, -1, 5] = float("nan")  # in x's last row
             for rr, rc, col, cfg in plans:
+                if shape[2] % (rr or 1):
+                    continue  # (an RHT of 128 along 192)
                 what = (shape, nan, rr, rc, col, cfg)
                 got = kernels._tensor_amax(x3, nv, rr, col, col_rht=rc, cfg=cfg)
                 if rc is None:
@@ -452,6 +458,36 @@ def test_sr_probability_matches_fraction(bits, monkeypatch):
     assert ((p_up - want).abs() <= tol).all(), (p_up - want).abs().max()
 
 
+@pytest.mark.parametrize("bits", [8, 16])
+def test_sr_draws_independent_across_elements_tiles_and_rows(bits, monkeypatch):
+    """Every element of a multi-tile tensor, row-wise and column-wise, draws its own random bits:
+    with f = 0.5 (2.5 on UFP4's grid, scale 1) each element's up/down decisions over 40 seeds
+    form a 40-bit pattern, and no two patterns are equal (a byte, a Philox word or a counter used
+    twice, within a tile, across tiles or across rows, gives equal patterns). Neighbouring
+    elements along and across the blocks are also uncorrelated."""
+    monkeypatch.setattr(kernels, "SR_BITS", bits)
+    x = torch.full((32, 128), 2.5)
+    x[:, ::16] = 7.0  # one exact 7 per block: scale 1
+    seeds = range(40)
+    for dim, cfg in ((1, (16, 64, 4)), (0, (64, 16, 4))):  # 2 x 2 tiles of x either way
+        xx = x if dim == 1 else x.t().contiguous()
+        up = []
+        for s in seeds:
+            y = kernels.fake_quant(xx, "ufp4", dim=dim, rounding="sr", seed=s, dtype=torch.float32, _cfg=cfg)
+            y = y if dim == 1 else y.t()
+            assert ((y == 2) | (y == 3))[x == 2.5].all() and (y[x == 7] == 7).all()
+            up.append((y == 3).long())
+        up = torch.stack(up)  # [seed, 32, 128]
+        pattern = (up << torch.arange(len(seeds))[:, None, None]).sum(0)[x == 2.5]
+        assert pattern.unique().numel() == pattern.numel(), f"dim={dim}: elements share random bits"
+        assert abs(up[:, x == 2.5].float().mean().item() - 0.5) < 0.02
+        pm = (2 * up - 1).float()
+        pm[:, x == 7] = 0  # pairs with an exact element have no randomness
+        along = (pm[:, :, 1:] * pm[:, :, :-1]).mean((0, 1))  # columns j, j+1 across seeds and rows
+        across = (pm[:, 1:, :] * pm[:, :-1, :]).mean((0, 2))  # rows i, i+1 across seeds and columns
+        assert along.abs().max() < 0.15 and across.abs().max() < 0.15, (dim, along.abs().max(), across.abs().max())
+
+
 def test_sr_seeds_and_consistency():
     x = randn(64, 64, seed=11)
     for name in ("nvfp4", "ufp4"):
@@ -538,18 +574,22 @@ def test_packed_column_side_alone_on_16_bit_input(name):
                 check_rtne(x, fmt, 0, rht, dtypes=(torch.bfloat16,))
 
 
-def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales():
+def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales(monkeypatch):
     # results/perf/sr_tiles.md: 16-row tiles help e2m1's SR, hurt ufp4's and nvfp4's
     x = randn(64, 128, seed=13)
     seen = []
-    real = kernels._tile
-    # (column-wise calls; nvfp4's amax pass asks _tile for a row tile too)
-    kernels._tile = lambda *a, **k: (a[3] and seen.append(k.get("heavy", a[6] if len(a) > 6 else False))) or real(*a, **k)
-    try:
-        for name, rounding in (("e2m1", "sr"), ("e2m1", "rtne"), ("ufp4", "sr"), ("nvfp4", "sr")):
-            kernels.fake_quant(x, name, dim=0, rounding=rounding, seed=1, dtype=torch.float32)
-    finally:
-        kernels._tile = real
+    real, sig = kernels._tile, inspect.signature(kernels._tile)
+
+    def spy(*a, **k):  # heavy, for the calls with a column side
+        args = sig.bind(*a, **k)
+        args.apply_defaults()
+        if args.arguments["col"]:
+            seen.append(args.arguments["heavy"])
+        return real(*a, **k)
+    monkeypatch.setattr(kernels, "_tile", spy)
+    for name, rounding in (("e2m1", "sr"), ("e2m1", "rtne"), ("ufp4", "sr"), ("nvfp4", "sr")):
+        kernels.fake_quant(x, name, dim=0, rounding=rounding, seed=1, dtype=torch.float32)
+    monkeypatch.undo()
     assert seen == [True, False, False, False]
     assert kernels._tile(16384, 2304, None, 16, heavy=True)[:2] == (16, 128)
 
@@ -766,8 +806,14 @@ def test_fp4_matmul_bf16_out_and_zero_blocks():
     assert ((o16.float() - ref).norm() / ref.norm()) < 1e-2
 
 
-def test_module_surface():
+def test_module_surface(monkeypatch):
     assert kernels.AVAILABLE == (kernels.HAVE_TRITON and torch.cuda.is_available())
+    # SR's default draw is 8 bits: README's figures and tests/test_sass_count.py's SR limits assume it
+    assert kernels.SR_BITS == 8
+    monkeypatch.setattr(kernels, "SR_BITS", 12)
+    with pytest.raises(ValueError, match="8 or 16"):
+        kernels.fake_quant(torch.randn(8, 32), "ufp4", rounding="sr", seed=1)
+    monkeypatch.undo()
     with pytest.raises(ValueError):
         kernels.quantize(torch.randn(8, 24), "ufp4")   # 24 is not a multiple of 16
     with pytest.raises(ValueError):
