@@ -31,6 +31,7 @@ ARMS = {
     "e2m1_rht_all": {"recipe": "e2m1", "recipe_rht": "all"},      # full RHT on the e2m1 grid
     "int4_rht_wgrad": {"recipe": "ufp4", "recipe_rht": "wgrad"},  # uniform grid, RHT Wgrad only
     "ufp4_no_sr": {"recipe": "ufp4", "recipe_sr_dy": False},
+    "ufp4_sr16": {"recipe": "ufp4", "sr_bits": 16},              # 16 random bits per SR draw, not 8
     "nvfp4": {"recipe": "nvfp4"},
     "mxfp4": {"recipe": "mxfp4"},
 }

@@ -91,6 +91,7 @@ recipe_weight_2d = None
 recipe_bf16_first = None
 recipe_bf16_last = None
 backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
+sr_bits = 8                  # random bits per stochastic-rounding draw in the Triton kernels: 8 or 16
 # AdamW (fp32 master weights and states)
 learning_rate = 6e-4
 max_iters = 5000
@@ -130,7 +131,7 @@ NULLABLE = dict(recipe_format=str, recipe_rht=str,
                 recipe_bf16_first=int, recipe_bf16_last=int)
 CHOICES = dict(init_from=("scratch", "resume"), wandb_mode=("offline", "online", "disabled"),
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
-               router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"),
+               router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"), sr_bits=(8, 16),
                lr_schedule=("cosine", "wsd", "constant"), dtype=("auto", "bfloat16", "float32"),
                nonfinite_policy=("skip", "stop"),
                compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
@@ -416,6 +417,9 @@ def main(argv=None):
     cfg["out_dir"] = cfg["out_dir"].format(**cfg)
     c = SimpleNamespace(**cfg)
     fp4.set_backend(c.backend)
+    if c.sr_bits != 8:  # (the torch reference draws fp32 uniforms: sr_bits is the kernels' knob)
+        import kernels
+        kernels.SR_BITS = c.sr_bits
 
     # processes and devices
     ddp = int(os.environ.get("RANK", -1)) != -1

@@ -59,6 +59,7 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--recipe_rht_size=big", "'recipe_rht_size' .* must be int or None"),
     ("--max_iters", "expected --key=value"),
     ("--compile_mode=fast", "'compile_mode' .* must be one of"),
+    ("--sr_bits=12", "'sr_bits' .* must be one of \\(8, 16\\)"),
 ])
 def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
@@ -165,6 +166,13 @@ def test_validation_errors(ds, tmp_path):
 def test_dry_run_writes_nothing(ds, tmp_path):
     loss = run(ds, tmp_path / "o", dry_run=True, recipe="nvfp4")
     assert math.isfinite(loss) and not (tmp_path / "o").exists()
+
+
+def test_sr_bits_reaches_the_kernels(ds, tmp_path, monkeypatch):
+    kernels = pytest.importorskip("kernels")
+    monkeypatch.setattr(kernels, "SR_BITS", 8)  # (restored after the test)
+    run(ds, tmp_path / "o", dry_run=True, recipe="ufp4", sr_bits=16)
+    assert kernels.SR_BITS == 16
 
 # -----------------------------------------------------------------------------
 # resume and DDP
