@@ -1039,8 +1039,9 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, row_2d=F
     than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower). A packed column side alone (x of the MoE's
     experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
     (results/perf/session6/xpair_tiles.txt); wider tiles (16 rows x 256-1024) were slower for
-    both pairs and for each column side alone, but for 16 x 256 on UFP4's column SR alone (3 %
-    faster; training runs it in the pair; session9/tiles3.txt). _run adjusts two choices for
+    both pairs and for the packed column side alone. A fake column side alone (16-bit, 16-groups,
+    not heavy) takes 16 x 256: 2-3 % faster than 32 x 128 for UFP4's column SR, 1 % for RTNE
+    (session9/tiles3.txt; results/perf/session11/col_tile_ab.txt). _run adjusts two choices for
     32-element groups."""
     if cfg:
         return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
@@ -1054,6 +1055,8 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, row_2d=F
         return 64, 64, 4, 1
     if col and not row and esize == 2 and packed and not heavy and 128 % col == 0:
         return 128, 64, 4, 1
+    if col and not row and esize == 2 and not packed and not heavy and 16 % col == 0 and N % 256 == 0:
+        return 16, 256, 4, 1
     BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
     if row and not col:  # wide along the contiguous N
         BM = max(16, min((2048 if heavy else 4096) // BN, _pow2_at_least(M, 16)))

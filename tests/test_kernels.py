@@ -383,6 +383,23 @@ def test_pair_tiles_for_16_bit_inputs_256_wide():
     assert kernels._tile(48, 256, 16, 16, esize=4)[3] == 1  # fp32 inputs: plain loads
 
 
+def test_fake_column_side_alone_takes_16_x_256_tiles():
+    # 16-bit input, 16-groups, N a multiple of 256, not heavy; else the 32 x 128 rule
+    assert kernels._tile(16384, 768, None, 16, esize=2) == (16, 256, 4, 1)
+    assert kernels._tile(16384, 760, None, 16, esize=2)[:2] == (32, 128)
+    assert kernels._tile(16384, 768, None, 16, esize=4)[:2] == (32, 128)
+    assert kernels._tile(16384, 768, None, 32, esize=2)[0] % 32 == 0
+    assert kernels._tile(16384, 768, None, 16, esize=2, heavy=True)[:2] == (16, 128)
+    assert kernels._tile(16384, 768, None, 16, esize=2, packed=True)[:2] == (128, 64)
+    x = randn(64, 256, seed=31, dtype=torch.bfloat16)
+    for name in ("ufp4", "nvfp4"):
+        got = kernels.fake_quant(x, name, dim=0, rht=16, dtype=torch.float32)
+        assert_same(got, fp4.fake_quant(x, name, dim=0, rht=16, dtype=torch.float32).contiguous(), name)
+        # SR's counters follow the element, not the tile: the same draws as in 32 x 128 tiles
+        sr = lambda cfg: kernels.fake_quant(x, name, dim=0, rht=16, rounding="sr", seed=4, _cfg=cfg)  # noqa: E731
+        assert_same(sr(None), sr((32, 128, 4)), name + " SR")
+
+
 def test_2d_tiles_same_for_w_and_wt():
     """Without RHT, 16x16 tiles give the same Q(W) seen row-wise and column-wise."""
     fmt = fmt_of("nvfp4", True)
