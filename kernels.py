@@ -645,6 +645,7 @@ def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr
     (column side, from column loads). PLAIN (one side loads): the other side has no RHT, so its
     amax is the plain max |x| of the same loads, stored in the other side's output. Each program
     takes TILES tiles down M and ends with one atomic max per output. NaN if the tensor has NaN."""
+    tl.static_assert(not (PLAIN and DO_ROW and DO_COL))  # (a plain side has no loads of its own)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2)

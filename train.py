@@ -417,8 +417,8 @@ def main(argv=None):
     cfg["out_dir"] = cfg["out_dir"].format(**cfg)
     c = SimpleNamespace(**cfg)
     fp4.set_backend(c.backend)
-    if c.sr_bits != 8:  # (the torch reference draws fp32 uniforms: sr_bits is the kernels' knob)
-        import kernels
+    if c.sr_bits != 8 or "kernels" in sys.modules:  # (also resets an earlier run's 16 in this process)
+        import kernels  # the torch reference draws fp32 uniforms: sr_bits is the kernels' knob
         kernels.SR_BITS = c.sr_bits
 
     # processes and devices

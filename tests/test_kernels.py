@@ -18,6 +18,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 pytest.importorskip("triton")
 import fp4  # noqa: E402
 import kernels  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 if not kernels.INTERPRET:  # imported earlier in this process without the interpreter
     pytest.skip("kernels was imported without TRITON_INTERPRET=1", allow_module_level=True)
@@ -340,7 +342,7 @@ def test_quantize_both_with_other_blocks_per_side():
 def test_tensor_amax_pass_every_load_plan():
     """NVFP4's amax pass gives max |RHT(x)| for each side: from row loads, from column loads, from
     both (an RHT on each side), and for a side without RHT the plain max of the other's loads;
-    with several tiles per program (row loads and both loads), the last program partly outside x,
+    with several tiles per program (row loads, column loads, both), the last program partly outside x,
     tiles that are not square; NaN anywhere gives NaN."""
     nv = fp4.FORMATS["nvfp4"]
 
@@ -475,34 +477,70 @@ def test_sr_probability_matches_fraction(bits, monkeypatch):
     assert ((p_up - want).abs() <= tol).all(), (p_up - want).abs().max()
 
 
+@triton.jit
+def _uniform_probe(u_ptr, w_ptr, seed, R: tl.constexpr, C: tl.constexpr, BITS: tl.constexpr):
+    """kernels._uniform's [R, C] draws and the Philox words they came from ([R, C BITS / 128, 4])."""
+    K: tl.constexpr = C * BITS // 128
+    roff = tl.arange(0, R)[:, None] * K + tl.arange(0, K)[None, :]
+    tl.store(u_ptr + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :],
+             kernels._uniform(seed, roff, R, C, 10, BITS))
+    r0, r1, r2, r3 = tl.randint4x(seed, roff, 10)
+    tl.store(w_ptr + roff * 4, r0.to(tl.int32, bitcast=True))
+    tl.store(w_ptr + roff * 4 + 1, r1.to(tl.int32, bitcast=True))
+    tl.store(w_ptr + roff * 4 + 2, r2.to(tl.int32, bitcast=True))
+    tl.store(w_ptr + roff * 4 + 3, r3.to(tl.int32, bitcast=True))
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_uniform_uses_each_random_bit_once(bits):
+    """Each draw is 1 + (r + 0.5) / 2^bits with r one whole byte (or 16-bit half) of its counter's
+    four Philox words, and the counter's 128 / bits draws use each byte (half) exactly once: no
+    shared or shifted bits between draws."""
+    R, C = 4, 64
+    u = torch.empty(R, C)
+    w = torch.empty(R, C * bits // 128, 4, dtype=torch.int32)
+    _uniform_probe[(1,)](u, w, 1234, R, C, bits)
+    r = (u.double() - 1) * 2**bits - 0.5
+    assert torch.equal(r, r.round()) and r.min() >= 0 and r.max() < 2**bits
+    words = w.long() & 0xFFFFFFFF
+    parts = torch.stack([(words >> (bits * j)) & (2**bits - 1) for j in range(32 // bits)], -1)
+    per_counter = 128 // bits
+    got = r.long().view(R, C // per_counter, per_counter).sort(-1).values
+    assert torch.equal(got, parts.view(R, C // per_counter, per_counter).sort(-1).values)
+
+
 @pytest.mark.parametrize("bits", [8, 16])
 def test_sr_draws_independent_across_elements_tiles_and_rows(bits, monkeypatch):
-    """Every element of a multi-tile tensor, row-wise and column-wise, draws its own random bits:
-    with f = 0.5 (2.5 on UFP4's grid, scale 1) each element's up/down decisions over 40 seeds
-    form a 40-bit pattern, and no two patterns are equal (a byte, a Philox word or a counter used
-    twice, within a tile, across tiles or across rows, gives equal patterns). Neighbouring
-    elements along and across the blocks are also uncorrelated."""
+    """Every element of a multi-tile tensor, row-wise, column-wise and column-wise in a batch of
+    two (A = 2), draws from its own counter: with f = 0.5 (2.5 on UFP4's grid, scale 1) each
+    element's up/down decisions over 40 seeds form a 40-bit pattern, and no two patterns are equal
+    (a counter, a Philox word or a byte used twice, within a tile, across tiles, rows or the batch,
+    gives equal patterns; test_uniform_uses_each_random_bit_once checks the bits within a counter).
+    Neighbouring elements along and across the blocks are also uncorrelated."""
     monkeypatch.setattr(kernels, "SR_BITS", bits)
     x = torch.full((32, 128), 2.5)
     x[:, ::16] = 7.0  # one exact 7 per block: scale 1
+    x3 = torch.full((2, 32, 32), 2.5)
+    x3[:, ::16] = 7.0
     seeds = range(40)
-    for dim, cfg in ((1, (16, 64, 4)), (0, (64, 16, 4))):  # 2 x 2 tiles of x either way
-        xx = x if dim == 1 else x.t().contiguous()
+    # 2 x 2 tiles of x either way; x3 along dim 1: 2 tiles along N, A = 2
+    for xx, dim, cfg in ((x, 1, (16, 64, 4)), (x.t().contiguous(), 0, (64, 16, 4)), (x3, 1, (32, 16, 4))):
         up = []
         for s in seeds:
             y = kernels.fake_quant(xx, "ufp4", dim=dim, rounding="sr", seed=s, dtype=torch.float32, _cfg=cfg)
-            y = y if dim == 1 else y.t()
-            assert ((y == 2) | (y == 3))[x == 2.5].all() and (y[x == 7] == 7).all()
+            assert ((y == 2) | (y == 3))[xx == 2.5].all() and (y[xx == 7] == 7).all()
             up.append((y == 3).long())
-        up = torch.stack(up)  # [seed, 32, 128]
-        pattern = (up << torch.arange(len(seeds))[:, None, None]).sum(0)[x == 2.5]
-        assert pattern.unique().numel() == pattern.numel(), f"dim={dim}: elements share random bits"
-        assert abs(up[:, x == 2.5].float().mean().item() - 0.5) < 0.02
-        pm = (2 * up - 1).float()
-        pm[:, x == 7] = 0  # pairs with an exact element have no randomness
-        along = (pm[:, :, 1:] * pm[:, :, :-1]).mean((0, 1))  # columns j, j+1 across seeds and rows
-        across = (pm[:, 1:, :] * pm[:, :-1, :]).mean((0, 2))  # rows i, i+1 across seeds and columns
-        assert along.abs().max() < 0.15 and across.abs().max() < 0.15, (dim, along.abs().max(), across.abs().max())
+        up = torch.stack(up)  # [seed, *xx.shape]
+        shift = torch.arange(len(seeds)).view(-1, *[1] * xx.dim())
+        pattern = (up << shift).sum(0)[xx == 2.5]
+        assert pattern.unique().numel() == pattern.numel(), f"{tuple(xx.shape)} dim={dim}: elements share random bits"
+        assert abs(up[:, xx == 2.5].float().mean().item() - 0.5) < 0.03
+        if xx.dim() == 2:
+            pm = (2 * up - 1).float()
+            pm[:, xx == 7] = 0  # pairs with an exact element have no randomness
+            along = (pm[:, :, 1:] * pm[:, :, :-1]).mean((0, 1))  # columns j, j+1 across seeds and rows
+            across = (pm[:, 1:, :] * pm[:, :-1, :]).mean((0, 2))  # rows i, i+1 across seeds and columns
+            assert along.abs().max() < 0.15 and across.abs().max() < 0.15, (dim, along.abs().max(), across.abs().max())
 
 
 def test_sr_seeds_and_consistency():

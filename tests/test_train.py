@@ -168,11 +168,14 @@ def test_dry_run_writes_nothing(ds, tmp_path):
     assert math.isfinite(loss) and not (tmp_path / "o").exists()
 
 
-def test_sr_bits_reaches_the_kernels(ds, tmp_path, monkeypatch):
+def test_sr_bits_sets_the_kernels_draw(ds, tmp_path, monkeypatch):
+    # (on this CPU the torch reference runs; tests/test_kernels.py checks both draws in the kernels)
     kernels = pytest.importorskip("kernels")
     monkeypatch.setattr(kernels, "SR_BITS", 8)  # (restored after the test)
     run(ds, tmp_path / "o", dry_run=True, recipe="ufp4", sr_bits=16)
     assert kernels.SR_BITS == 16
+    run(ds, tmp_path / "o", dry_run=True, recipe="ufp4")  # a later run in the same process: 8 again
+    assert kernels.SR_BITS == 8
 
 # -----------------------------------------------------------------------------
 # resume and DDP
