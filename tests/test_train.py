@@ -196,6 +196,14 @@ def test_resume_is_bit_identical(ds, tmp_path, kw):
     sb = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=False)["model"]
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
+def test_resume_notes_a_changed_sr_bits(ds, tmp_path, monkeypatch, capsys):
+    kernels = pytest.importorskip("kernels")
+    monkeypatch.setattr(kernels, "SR_BITS", 8)  # (restored after the test)
+    run(ds, tmp_path / "o", max_iters=2, lr_decay_iters=4, eval_interval=2, recipe="ufp4", sr_bits=16)
+    capsys.readouterr()
+    run(ds, tmp_path / "o", max_iters=3, lr_decay_iters=4, eval_interval=2, recipe="ufp4", init_from="resume")
+    assert "trained with sr_bits=16, continuing with sr_bits=8" in capsys.readouterr().out
+
 def test_flat_grads_accumulate_in_place_and_survive_the_optimizer():
     """train.flat_grads (CUDA graphs, DDP): backward adds into one flat buffer, the same
     gradients as usual, and AdamW plus zero_grad(set_to_none=False) keep them views of it."""
