@@ -1041,7 +1041,7 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, row_2d=F
     experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
     (results/perf/session6/xpair_tiles.txt); wider tiles (16 rows x 256-1024) were slower for
     both pairs and for the packed column side alone. A fake column side alone (16-bit, 16-groups,
-    not heavy) takes 16 x 256: 2-3 % faster than 32 x 128 for UFP4's column SR, 1 % for RTNE
+    not heavy) takes 16 x 256: 2-3 % faster than 32 x 128 for UFP4's column SR, 0.4-0.8 % for RTNE
     (session9/tiles3.txt; results/perf/session11/col_tile_ab.txt). _run adjusts two choices for
     32-element groups."""
     if cfg:
