@@ -657,9 +657,9 @@ def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr
         acc = tl.zeros([BN, BM], tl.float32)
     if DO_ROW:
         plain = acc
-    else:  # reduced per tile: a second elementwise accumulator beside column loads took 40 more
-        # registers per thread (96, not 56: fewer resident warps), 9-14 % slower (row loads: the
-        # other way round, session11/amax_plain_ab.txt)
+    else:  # reduced per tile: a second elementwise accumulator beside column loads took 96
+        # registers per thread, not 80 (triton 3.6; 64 in 3.9), 9-14 % slower (row loads: the
+        # other way round; session11/amax_plain_ab.txt, amax_regs.txt)
         plain = tl.full((), 0.0, tl.float32)
     acc_c = tl.zeros([BN, BM], tl.float32)
     for t in range(TILES):

@@ -6,6 +6,8 @@ Rows: the pair passes (row side plain, column side RHT16: an NVFP4 layer's x and
 16k x 4096 shapes and 8192^2, the pair calls themselves, and FP4Linear nvfp4 fwd+bwd at
 16k x 4096 -> 4096 (against nn.Linear bf16 replayed the same way).
 Run from the repo root: python results/perf/session11/amax_plain_ab.py
+(amax_plain_ab.txt was run with the per-tile reduction beside row loads too; 9d1a420 keeps that
+side elementwise, as before, so its "row RHT16 + col plain" rows would now read about 1.00.)
 """
 import datetime, statistics, sys
 import torch, triton
