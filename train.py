@@ -510,9 +510,10 @@ def main(argv=None):
             if ckpt["recipe"] != recipe.name:
                 log(f"note: {src} was trained with recipe {ckpt['recipe']!r}, continuing with "
                     f"{recipe.name!r}")
-            if ckpt.get("config", {}).get("sr_bits", 8) != c.sr_bits:
-                log(f"note: {src} was trained with sr_bits={ckpt['config'].get('sr_bits', 8)}, "
-                    f"continuing with sr_bits={c.sr_bits}")
+            old_bits = ckpt.get("config", {}).get("sr_bits", 8)
+            if old_bits != c.sr_bits:
+                log(f"note: {src} was trained with sr_bits={old_bits}, continuing with "
+                    f"sr_bits={c.sr_bits}")
             old_world = ckpt.get("world_size", len(ckpt.get("rng", [])))
             if rank < old_world:   # this rank's streams continue where they were
                 train_loader.load_state_dict(ckpt["loader"][rank])

@@ -168,10 +168,16 @@ def test_dry_run_writes_nothing(ds, tmp_path):
     assert math.isfinite(loss) and not (tmp_path / "o").exists()
 
 
-def test_sr_bits_sets_the_kernels_draw(ds, tmp_path, monkeypatch):
-    # (on this CPU the torch reference runs; tests/test_kernels.py checks both draws in the kernels)
+@pytest.fixture
+def kernels_at_8_bits(monkeypatch):
+    """kernels with SR_BITS = 8, restored after the test (train.main sets it from sr_bits)."""
     kernels = pytest.importorskip("kernels")
-    monkeypatch.setattr(kernels, "SR_BITS", 8)  # (restored after the test)
+    monkeypatch.setattr(kernels, "SR_BITS", 8)
+    return kernels
+
+def test_sr_bits_sets_the_kernels_draw(ds, tmp_path, kernels_at_8_bits):
+    # (on this CPU the torch reference runs; tests/test_kernels.py checks both draws in the kernels)
+    kernels = kernels_at_8_bits
     run(ds, tmp_path / "o", dry_run=True, recipe="ufp4", sr_bits=16)
     assert kernels.SR_BITS == 16
     run(ds, tmp_path / "o", dry_run=True, recipe="ufp4")  # a later run in the same process: 8 again
@@ -196,9 +202,7 @@ def test_resume_is_bit_identical(ds, tmp_path, kw):
     sb = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=False)["model"]
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
-def test_resume_notes_a_changed_sr_bits(ds, tmp_path, monkeypatch, capsys):
-    kernels = pytest.importorskip("kernels")
-    monkeypatch.setattr(kernels, "SR_BITS", 8)  # (restored after the test)
+def test_resume_notes_a_changed_sr_bits(ds, tmp_path, kernels_at_8_bits, capsys):
     run(ds, tmp_path / "o", max_iters=2, lr_decay_iters=4, eval_interval=2, recipe="ufp4", sr_bits=16)
     capsys.readouterr()
     run(ds, tmp_path / "o", max_iters=3, lr_decay_iters=4, eval_interval=2, recipe="ufp4", init_from="resume")
