@@ -118,7 +118,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, rope=None):
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        # split, not a view as [B, T, 3, H, D]: its backward is a cat, which the compiler writes in
+        # one pass; select's backward read all three gradients per element (results/perf/session12)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for t in self.qkv(x).split(C, dim=2))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,

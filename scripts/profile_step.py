@@ -10,6 +10,7 @@ kernels...). (Before 2026-11-30 evening the attention kernels were counted as GE
 the top kernels."""
 import argparse
 import datetime
+import json
 import os
 import sys
 import time
@@ -88,7 +89,7 @@ def profile(cfg, recipe, compile_, steps=3, warmup=4, host=False, mode="default"
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
         pstats.Stats(pr).sort_stats("cumulative").print_stats(25)
     top = sorted(kernels.items(), key=lambda kv: -kv[1])
-    return wall * 1000, per, top[:12] + [kv for kv in top[12:] if category(kv[0]) == "other"][:8]
+    return wall * 1000, per, top
 
 
 def main():
@@ -99,17 +100,22 @@ def main():
     p.add_argument("--compile_mode", default="default", choices=train.CHOICES["compile_mode"])
     p.add_argument("--host", action="store_true", help="also print a cProfile of the host side")
     p.add_argument("--batch_size", type=int, default=0, help="micro-batch (default: the config's)")
+    p.add_argument("--json", default="", help="also write every kernel's ms per step, per recipe, here")
     args = p.parse_args()
     cfg = train.get_config([args.config])
     if args.batch_size:
         cfg["batch_size"] = args.batch_size
-    rows = []
+    rows, every = [], {}
     for r in args.recipes.split(","):
         wall, per, top = profile(cfg, r, args.compile, host=args.host, mode=args.compile_mode)
         rows.append((r, wall, per))
+        every[r] = {"wall_ms": wall, "categories": per, "kernels": dict(top)}
         print(f"\n{r}: top kernels, then the next 'other' ones (ms per step)")
-        for name, t in top:
+        for name, t in top[:12] + [kv for kv in top[12:] if category(kv[0]) == "other"][:8]:
             print(f"  {t:8.2f}  [{category(name):8s}] {name[:110]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "recipes": every}, f, indent=1)
     tokens = cfg["batch_size"] * cfg["block_size"]
     print(f"\n`python {' '.join(sys.argv)}` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
           f"UTC: {tokens} tokens per step, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
