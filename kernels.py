@@ -585,10 +585,17 @@ def _quant_kernel(x_ptr, M, N,
     in fp4.py); fake outputs in x's layout; EVEN: M % BM == N % BN == 0 (no masks). Each side
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
     read of the tile comes from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a
-    pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh."""
+    pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh.
+    With an NVFP4 side the tiles go in reverse launch order: the tensor-amax pass has just read x
+    in launch order, so the first tiles are those it read last, still in L2."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    a = tl.program_id(2).to(tl.int64)
+    a = tl.program_id(2)
+    if (DO_ROW and R_SCALE == 1) or (DO_COL and C_SCALE == 1):
+        pid_m = tl.num_programs(0) - 1 - pid_m
+        pid_n = tl.num_programs(1) - 1 - pid_n
+        a = tl.num_programs(2) - 1 - a
+    a = a.to(tl.int64)
     m0 = pid_m * BM
     n0 = pid_n * BN
     base = a * M * N
