@@ -586,8 +586,9 @@ def _quant_kernel(x_ptr, M, N,
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
     read of the tile comes from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a
     pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh.
-    With an NVFP4 side the tiles go in reverse launch order: the tensor-amax pass has just read x
-    in launch order, so the first tiles are those it read last, still in L2."""
+    With an e4m3-scaled side (NVFP4, nvint4) the tiles go in reverse launch order: the tensor-amax
+    pass has just read x in launch order (in its own tiles), so the first tiles here are roughly
+    those it read last, still in L2."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2)

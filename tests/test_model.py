@@ -73,6 +73,34 @@ def test_causal(name):
     torch.testing.assert_close(a[:, :9], b[:, :9], rtol=0, atol=1e-6)
     assert not torch.allclose(a[:, 9:], b[:, 9:])
 
+@pytest.mark.parametrize("rope", [False, True])
+def test_attention_split_equals_the_interleaved_view(rope):
+    """q, k, v come from qkv by split (whose backward is one cat, not three selects): the same
+    output and gradients, bit for bit, as viewing qkv as [B, T, 3, H, D]."""
+    torch.manual_seed(0)
+    cfg = tiny()
+    attn = model_module.CausalSelfAttention(cfg)
+    B, T, C, H = 2, 12, cfg.n_embd, cfg.n_head
+    x = torch.randn(B, T, C, requires_grad=True)
+    tables = model_module.rope_tables(C // H, T) if rope else None
+
+    def interleaved(x):
+        q, k, v = attn.qkv(x).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+        if tables is not None:
+            q, k = model_module.apply_rope(q, *tables), model_module.apply_rope(k, *tables)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return attn.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    grads = []
+    for f in (lambda x: attn(x, tables), interleaved):
+        attn.zero_grad()
+        x.grad = None
+        y = f(x)
+        y.pow(2).sum().backward()
+        grads.append((y.detach(), x.grad, attn.qkv.weight.grad.clone()))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
 def test_ignore_index_and_too_long():
     model = GPT(tiny())
     x, y = batch()

@@ -22,19 +22,28 @@ n = big.numel()
 cases = [("8192^2 nvfp4 row fake RHT16", 4 * n, lambda k: k.fake_quant(big, "nvfp4", rht=16)),
          ("8192^2 nvfp4 row fake", 4 * n, lambda k: k.fake_quant(big, "nvfp4")),
          ("8192^2 nvfp4 col fake", 4 * n, lambda k: k.fake_quant(big, "nvfp4", dim=0)),
-         ("8192^2 nvfp4 row packed", 2.5625 * n, lambda k: k.quantize(big, "nvfp4").codes),
+         ("8192^2 nvfp4 row packed", 2.5625 * n, lambda k: k.quantize(big, "nvfp4")),
          ("8192^2 nvint4 row fake RHT16", 4 * n, lambda k: k.fake_quant(big, "nvint4", rht=16))]
 for w in (768, 2304, 3072):
     t = torch.randn(16384, w, device="cuda", dtype=torch.bfloat16)
     cases += [(f"16384x{w} nvfp4 x pair (row fake, col packed RHT16)", (4 + 0.5625) * t.numel(),
-               (lambda t: lambda k: k.quantize_both(t, "nvfp4", rht=None, rht_col=16, packed=(False, True))[0])(t)),
+               (lambda t: lambda k: k.quantize_both(t, "nvfp4", rht=None, rht_col=16, packed=(False, True)))(t)),
               (f"16384x{w} nvfp4 dy pair (SR; col RHT16)", 6 * t.numel(),
                (lambda t: lambda k: k.quantize_both(t, "nvfp4", rounding="sr", rounding_col="sr", rht=None,
-                                                    rht_col=16, seed=1, seed_col=2)[1])(t))]
+                                                    rht_col=16, seed=1, seed_col=2))(t))]
+def outputs(r):
+    """Every tensor of a result: fake values, or a QTensor's codes, scales and tensor scale."""
+    if isinstance(r, (tuple, list)):
+        return [t for x in r for t in outputs(x)]
+    if isinstance(r, torch.Tensor):
+        return [r]
+    return [r.codes, r.scales] + ([r.tensor_scale] if r.tensor_scale is not None else [])
+
+
 for label, _, fn in cases:
-    a, b = fn(old), fn(kernels)
-    assert torch.equal(a, b), label
-print(f"outputs equal in all {len(cases)} cases", flush=True)
+    a, b = outputs(fn(old)), outputs(fn(kernels))
+    assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), label
+print(f"every output (fake values; codes, scales, tensor scale) equal in all {len(cases)} cases", flush=True)
 print("| case | launch order us | reverse us | new / old | xcopy old | xcopy new |\n|---|---|---|---|---|---|")
 for label, nbytes, fn in cases:
     ts = {old: [], kernels: []}
