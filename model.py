@@ -118,8 +118,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, rope=None):
         B, T, C = x.shape
-        # split, not a view as [B, T, 3, H, D]: its backward is a cat, which the compiler writes in
-        # one pass; select's backward read all three gradients per element (results/perf/session12)
+        # split, not a view as [B, T, 3, H, D]: split's backward is one cat, written in one
+        # pass; the view's (three select_backwards) read all three gradients per element
+        # (results/perf/session12)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
                    for t in self.qkv(x).split(C, dim=2))
         if rope is not None:
