@@ -198,8 +198,8 @@ def main():
         for name in ("ufp4", "nvfp4", "mxfp4"):
             qa = kernels.quantize(a, name)
             qb = kernels.quantize(b, dataclasses.replace(fp4.FORMATS[name], block_2d=name == "nvfp4"))
-            cfgs = [None] if name != "ufp4" else [None, (128, 128, 64, 8, 8, 3), (128, 128, 128, 8, 8, 3),
-                                                  (256, 128, 64, 8, 8, 3), (128, 256, 64, 8, 8, 4)]
+            cfgs = [None] if name != "ufp4" else [None, (128, 128, 128, 8, 4, 2), (128, 128, 64, 8, 4, 4),
+                                                  (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3)]
             for cfg in cfgs:
                 kernels._MM_CFG = cfg
                 ms = bench(lambda: kernels.fp4_matmul(qa, qb, torch.bfloat16), rep=300)

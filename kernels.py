@@ -42,6 +42,7 @@ try:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import libdevice
+    from triton.tools.tensor_descriptor import TensorDescriptor
     HAVE_TRITON = True
 except ImportError:  # the module still imports: fp4.py falls back to its torch reference
     HAVE_TRITON = False
@@ -760,21 +761,31 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
 
 
 @triton.jit
-def _load_operand(codes_ptr, scales_ptr, rows, R, K, k0, BR: tl.constexpr, BK: tl.constexpr,
-                  BLOCK: tl.constexpr, B2D: tl.constexpr):
-    """The packed [BR, BK] tile of a K-blocked operand at k0, as stored: code bytes [BR, BK / 2]
-    and block scales [BR, BK / BLOCK] (zeros past R and K)."""
-    kh = k0 // 2 + tl.arange(0, BK // 2)
-    rmask = rows[:, None] < R
-    c = tl.load(codes_ptr + rows[:, None].to(tl.int64) * (K // 2) + kh[None, :],
-                mask=rmask & (kh[None, :] < K // 2), other=0)
+def _load_operand(codes, scales, r0, R, K, k0, BR: tl.constexpr, BK: tl.constexpr,
+                  BLOCK: tl.constexpr, B2D: tl.constexpr, TMA: tl.constexpr):
+    """The packed [BR, BK] tile of a K-blocked operand at rows r0.., k0..: code bytes [BR, BK / 2]
+    and block scales [BR, BK / BLOCK] (zeros past R and K). TMA: codes and scales are tensor
+    descriptors (the pipeliner then prefetches the tiles into shared memory); else pointers."""
     NB: tl.constexpr = BK // BLOCK
-    kb = k0 // BLOCK + tl.arange(0, NB)
-    if B2D:
-        soff = (rows // BLOCK)[:, None] * (K // BLOCK) + kb[None, :]
+    if TMA:
+        c = codes.load([r0, k0 // 2])
+        if B2D:  # one scale per BLOCK x BLOCK tile, repeated over its rows
+            sc = scales.load([r0 // BLOCK, k0 // BLOCK])
+            sc = tl.reshape(tl.broadcast_to(sc[:, None, :], [BR // BLOCK, BLOCK, NB]), [BR, NB])
+        else:
+            sc = scales.load([r0, k0 // BLOCK])
     else:
-        soff = rows[:, None].to(tl.int64) * (K // BLOCK) + kb[None, :]
-    sc = tl.load(scales_ptr + soff, mask=rmask & (kb[None, :] < K // BLOCK), other=0.0)
+        rows = r0 + tl.arange(0, BR)
+        kh = k0 // 2 + tl.arange(0, BK // 2)
+        rmask = rows[:, None] < R
+        c = tl.load(codes + rows[:, None].to(tl.int64) * (K // 2) + kh[None, :],
+                    mask=rmask & (kh[None, :] < K // 2), other=0)
+        kb = k0 // BLOCK + tl.arange(0, NB)
+        if B2D:
+            soff = (rows // BLOCK)[:, None] * (K // BLOCK) + kb[None, :]
+        else:
+            soff = rows[:, None].to(tl.int64) * (K // BLOCK) + kb[None, :]
+        sc = tl.load(scales + soff, mask=rmask & (kb[None, :] < K // BLOCK), other=0.0)
     return c, sc
 
 
@@ -872,20 +883,15 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
                    B_NSEG: tl.constexpr, B_S1: tl.constexpr,
                    B_S2: tl.constexpr, B_ST0: tl.constexpr, B_ST1: tl.constexpr,
                    B_ST2: tl.constexpr, B_I1: tl.constexpr, B_I2: tl.constexpr,
-                   DOT_FP32: tl.constexpr, DOT_FIRST: tl.constexpr):
+                   DOT_FP32: tl.constexpr, TMA: tl.constexpr):
     """C[M, N] = A B^T from packed operands quantized along K: dequantized to bf16 in the main
-    loop, fp32 accumulation, 1 / (tensor scales) in the epilogue. Each step dequantizes the next
-    K step's tiles before its own dot, so that the compiler can keep the wgmma in flight over that
-    work: 1.12x faster at 8192^3 than dequantizing right before the dot, 1.31-1.33x with 256 x 128
-    tiles (results/perf/session6/mm_lookahead.txt). Loading the packed tiles a step earlier still
-    (registers carried over a step) was slower at every tile that fits 8192^3 best
-    (results/perf/session7/mm_variants.txt). The last step's look-ahead reads past K, masked.
-    DOT_FIRST (same result, other schedule): the dot's shared-memory fence (MEMBAR.ALL.CTA in the
-    SASS) waits for every load in flight, so with the next tiles' loads issued before the dot each
-    step waits out their latency before its wgmma; issued after it, their latency overlaps the
-    wgmma. Faster for E2M1 operands on the PTX path (NVFP4 4.6 %, MXFP4 6.5 % at 8192^3), slower
-    for UFP4 (7 %; 3 % with the lop3 dequantize, session9/mm_lop3.txt), whose longer dequantize
-    then waits for the loads after the wgmma is done (results/perf/session8/README.md)."""
+    loop, fp32 accumulation, 1 / (tensor scales) in the epilogue. With TMA (sm_90, 16-byte
+    aligned rows) each step's code and scale tiles come through tensor descriptors, which Triton
+    prefetches num_stages steps ahead into shared memory, so no thread waits on a global load
+    before its dequantize. At 8192^3 in 128 x 128 x 128 tiles of one warpgroup (two or three
+    CTAs share an SM, so one's dequantize overlaps another's wgmma) this is 1.11-1.21x faster
+    than pointer loads with the next step's dequantize issued before this step's dot
+    (results/perf/session13/README.md)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -894,29 +900,20 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     gm = min(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % group) % gm
     pid_n = (pid % group) // gm
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    ca, sa = _load_operand(a_codes, a_scales, rm, M, K, 0, BM, BK, A_BLOCK, A_B2D)
-    cb, sb = _load_operand(b_codes, b_scales, rn, N, K, 0, BN, BK, B_BLOCK, B_B2D)
-    a = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_E2M1, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
-    b = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_E2M1, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
-    for k0 in range(BK, K + BK, BK):
-        if DOT_FIRST:
-            acc = tl.dot(a, tl.trans(b), acc)
-        # both operands' loads before either dequantize (one load + dequantize function per
-        # operand interleaves them, which changes the schedule: different SASS, not timed)
-        ca, sa = _load_operand(a_codes, a_scales, rm, M, K, k0, BM, BK, A_BLOCK, A_B2D)
-        cb, sb = _load_operand(b_codes, b_scales, rn, N, K, k0, BN, BK, B_BLOCK, B_B2D)
-        a_next = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_E2M1, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
-        b_next = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_E2M1, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
-        if not DOT_FIRST:
-            acc = tl.dot(a, tl.trans(b), acc)
-        a, b = a_next, b_next
+    for k0 in range(0, K, BK):
+        # both operands' loads before either dequantize
+        ca, sa = _load_operand(a_codes, a_scales, pid_m * BM, M, K, k0, BM, BK, A_BLOCK, A_B2D, TMA)
+        cb, sb = _load_operand(b_codes, b_scales, pid_n * BN, N, K, k0, BN, BK, B_BLOCK, B_B2D, TMA)
+        a = _dequant_operand(ca, sa, BM, BK, A_BLOCK, A_SCALE, A_E2M1, A_NSEG, A_S1, A_S2, A_ST0, A_ST1, A_ST2, A_I1, A_I2, DOT_FP32)
+        b = _dequant_operand(cb, sb, BN, BK, B_BLOCK, B_SCALE, B_E2M1, B_NSEG, B_S1, B_S2, B_ST0, B_ST1, B_ST2, B_I1, B_I2, DOT_FP32)
+        acc = tl.dot(a, tl.trans(b), acc)
     if A_TS:
         acc = acc * (1.0 / tl.load(a_ts))
     if B_TS:
         acc = acc * (1.0 / tl.load(b_ts))
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
     off = rm[:, None].to(tl.int64) * N + rn[None, :]
     tl.store(c_ptr + off, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -1380,13 +1377,13 @@ _MM_CFG = None  # (BM, BN, BK, GROUP_M, num_warps, num_stages) override, for ben
 
 
 def _mm_config(M, N, K):
+    """(BM, BN, BK, GROUP_M, num_warps, num_stages). 128 x 128 x 128 tiles of one warpgroup were
+    the fastest at 8192^3 for each format over 39 tiles (results/perf/session13/mm_tma*.txt)."""
     if INTERPRET:
         return 32, 32, 64, 4, 4, 1
     if _MM_CFG:
         return _MM_CFG
-    if M >= 2048 and N >= 2048:  # 128 x 256: within 7 % of the fastest tile for each format at
-        return 128, 256, 64, 8, 8, 3  # 8192^3 (results/perf/session7/mm_asm.txt)
-    return 128, 128, 64, 8, 8, 3
+    return 128, 128, 128, 8, 4, 3
 
 
 def _mm_block(fmt):
@@ -1412,9 +1409,21 @@ def _mm_meta(fa, fb, a_ts, b_ts):
         meta.update({p + k: v for k, v in _grid_meta(f.grid).items()})
         meta.update({p + "BLOCK": _mm_block(f), p + "B2D": bool(f.block_2d), p + "TS": ts,
                      p + "SCALE": _SCALE_ID[f.scale]})
-    # both operands dequantized by the E2M1 PTX (NVFP4, MXFP4 scales): the dot first in the loop
-    meta["DOT_FIRST"] = all(meta[p + "E2M1"] and meta[p + "SCALE"] != 0 for p in ("A_", "B_"))
     return meta
+
+
+def _tma_descriptors(tensors, boxes):
+    """TMA descriptors of these 2D tensors with these tile shapes, or None where TMA cannot read
+    them: before sm_90, or bases, rows or tile rows not 16-byte aligned."""
+    dev = tensors[0].device
+    if not INTERPRET and (dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] < 9):
+        return None
+    for t, box in zip(tensors, boxes):
+        nbytes = t.element_size()
+        if (t.stride(1) != 1 or t.data_ptr() % 16 or t.stride(0) * nbytes % 16
+                or box[1] * nbytes % 16):
+            return None
+    return [TensorDescriptor.from_tensor(t, list(box)) for t, box in zip(tensors, boxes)]
 
 
 def fp4_matmul(qa, qb, dtype=None):
@@ -1442,13 +1451,18 @@ def fp4_matmul(qa, qb, dtype=None):
     BM, BN, BK, GM, nw, ns = _mm_config(M, N, K)
     BK = max(BK, qa.fmt.block, qb.fmt.block)
     meta = _mm_meta(qa.fmt, qb.fmt, qa.tensor_scale is not None, qb.tensor_scale is not None)
+
+    def scale_tile(R, f):  # the scales one K step of R rows reads
+        return (R // f.block, BK // f.block) if f.block_2d else (R, BK // _mm_block(f))
+    operands = [qa.codes, _mm_scales(qa), qb.codes, _mm_scales(qb)]
+    descs = _tma_descriptors(operands, [(BM, BK // 2), scale_tile(BM, qa.fmt),
+                                        (BN, BK // 2), scale_tile(BN, qb.fmt)])
+    ac, asc, bc, bsc = descs or operands
     dummy = qa.scales
     grid = (_cdiv(M, BM) * _cdiv(N, BN),)
     if c.numel():
-        _fp4_mm_kernel[grid](qa.codes, _mm_scales(qa),
-                             qa.tensor_scale if qa.tensor_scale is not None else dummy,
-                             qb.codes, _mm_scales(qb),
-                             qb.tensor_scale if qb.tensor_scale is not None else dummy,
+        _fp4_mm_kernel[grid](ac, asc, qa.tensor_scale if qa.tensor_scale is not None else dummy,
+                             bc, bsc, qb.tensor_scale if qb.tensor_scale is not None else dummy,
                              c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=GM, DOT_FP32=INTERPRET,
-                             num_warps=nw, num_stages=ns, **meta)
+                             TMA=descs is not None, num_warps=nw, num_stages=ns, **meta)
     return c if c.dtype == out_dtype else c.to(out_dtype)

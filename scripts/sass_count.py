@@ -106,12 +106,19 @@ def compile_dequant(fmt_name, trans, BR, BK):
 
 def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
     """_fp4_mm_kernel compiled for sm_90 (or sm_<cap>) as kernels.fp4_matmul launches it on two
-    packed operands of one format (bf16 out)."""
+    packed operands of one format (bf16 out): through TMA descriptors on sm_90, else pointers."""
     fmt = fp4.get_format(fmt_name)
-    meta = dict(BM=BM, BN=BN, BK=max(BK, fmt.block), GROUP_M=group_m, DOT_FP32=False)
+    BK = max(BK, fmt.block)
+    tma = cap >= 90
+    meta = dict(BM=BM, BN=BN, BK=BK, GROUP_M=group_m, DOT_FP32=False, TMA=tma)
     meta.update(kernels._mm_meta(fmt, fmt, fmt.scale == "e4m3", fmt.scale == "e4m3"))
     fn = kernels._fp4_mm_kernel
     ptr = {"a_codes": "*u8", "b_codes": "*u8", "c_ptr": "*bf16"}
+    if tma:
+        per = kernels._mm_block(fmt)
+        for p, R in (("a_", BM), ("b_", BN)):
+            ptr[p + "codes"] = f"tensordesc<u8[{R}, {BK // 2}]>"
+            ptr[p + "scales"] = f"tensordesc<fp32[{R}, {BK // per}]>"
     return compile_sm(fn, meta, _types(fn, ("M", "N", "K"), ptr, "*fp32"),  # fusion: fp4_matmul's default
                         dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True), cap=cap)
 
@@ -131,9 +138,11 @@ def disassemble(kernel):
 
 
 def main_loop(lines):
-    """The main loop's body: the longest span from a label to a later branch back to it."""
+    """The main loop's body: the longest span from a label to a later branch back to it that does
+    not exit (a branch from the tail's barrier-wait retry back into the loop spans the epilogue)."""
     ends = [(i, m.group(1)) for i, l in enumerate(lines) if (m := re.search(r"BRA `\((\.L_x_\d+)\)", l))]
     back = [(lines.index(lab + ":"), i) for i, lab in ends if lab + ":" in lines and lines.index(lab + ":") < i]
+    back = [(a, b) for a, b in back if not any(re.search(r"\bEXIT\b", l) for l in lines[a:b])]
     first, last = max(back, key=lambda b: b[1] - b[0], default=(0, 0))
     if last - first < 10:   # only the trap's self-branch: no loop
         raise SystemExit("sass_count: no main loop found in the kernel's SASS")

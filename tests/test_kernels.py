@@ -761,16 +761,23 @@ def _bf16_operand(q):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_fp4_matmul(name):
-    M, N, K = 40, 48, 128
+@pytest.mark.parametrize("K", [128, 96])
+def test_fp4_matmul(name, K, monkeypatch):
+    """K = 128: the operands' rows are 16-byte aligned and the GEMM reads them through TMA
+    descriptors; K = 96: the scales' rows (6 fp32) are not, and it falls back to pointer loads."""
+    M, N = 40, 48
     a = randn(M, K, seed=12)
     w = randn(N, K, seed=13)
     fa = fmt_of(name)
     fw = fmt_of(name, block_2d=name.startswith("nv"))
+    paths = []
+    find = kernels._tma_descriptors
+    monkeypatch.setattr(kernels, "_tma_descriptors", lambda *args: paths.append(find(*args)) or paths[-1])
     for rht in (None, 16):
         qa = kernels.quantize(a, fa, rht=rht)
         qw = kernels.quantize(w, fw, rht=rht)
         out = kernels.fp4_matmul(qa, qw, dtype=torch.float32)
+        assert (paths[-1] is not None) == (K == 128), f"{name} K={K}: TMA {paths[-1] is not None}"
         assert out.shape == (M, N) and out.dtype == torch.float32
         ref = _bf16_operand(qa) @ _bf16_operand(qw).t()
         for q in (qa, qw):

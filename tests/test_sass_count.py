@@ -35,9 +35,10 @@ LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 34.5,
           "nvfp4 dequantize, column-wise codes": 20, "mxfp4 dequantize, column-wise codes": 13.5,
           # the packed GEMM's main loop, per element it dequantizes (session 6: 8.8 and 12.4;
           # session 7, with the PTX dequantize: 7.7 and 5.3; session 9, one lop3 per int4
-          # nibble: ufp4 6.8, 8 % faster at 8192^3)
-          "ufp4 fp4_matmul main loop, per dequantized element": 7.4,
-          "nvfp4 fp4_matmul main loop, per dequantized element": 6}
+          # nibble: ufp4 6.8, 8 % faster at 8192^3; session 13, TMA loads in 128 x 128 x 128
+          # tiles of 4 warps: 6.1 and 4.6)
+          "ufp4 fp4_matmul main loop, per dequantized element": 6.7,
+          "nvfp4 fp4_matmul main loop, per dequantized element": 5.0}
 # launches that must not use the slow conversion pipe (I2F, F2I, FRND) per element: SR's floor,
 # the dequantize and the GEMM's unpack (session 7 took them out: 1.0-2.0 per element before)
 NO_SLOW = [k for k in LIMITS if "SR" in k or "dequantize" in k or "main loop" in k]
@@ -79,29 +80,27 @@ def test_packed_gemm_compiles_for_ampere_and_ada():
     _compiled(["-c", code])
 
 
-def test_packed_gemm_loads_after_the_fence_for_e2m1():
-    """For NVFP4 / MXFP4 operands the GEMM issues a K step's loads after the dot's shared-memory
-    fence (MEMBAR), which would otherwise wait for them before every wgmma (DOT_FIRST: 5-7 %
-    faster at 8192^3, results/perf/session8/README.md)."""
+def test_packed_gemm_reads_its_tiles_through_tma():
+    """On sm_90 the GEMM's main loop loads no code or scale tile itself (no LDG): TMA copies them
+    into shared memory stages ahead (UTMALDG), which made it 1.08-1.57x faster than loading
+    them into registers one step ahead (results/perf/session13/README.md)."""
     code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S, kernels\n"
-            "for fmt in ('nvfp4', 'mxfp4'):\n"
-            "    lines, _ = S.disassemble(S.compile_mm(fmt, *kernels._mm_config(8192, 8192, 8192)))\n"
-            "    ops = [m.group(1) for m in map(S.INSTRUCTION.match, S.main_loop(lines)) if m]\n"
-            "    fence = ops.index('MEMBAR')\n"
-            "    print(fmt, ops[:fence].count('LDG'), ops[fence:].count('LDG'))\n")
+            "for fmt in ('ufp4', 'nvfp4', 'mxfp4'):\n"
+            "    ops, _ = S.sass(S.compile_mm(fmt, *kernels._mm_config(8192, 8192, 8192)), loop=True)\n"
+            "    print(fmt, ops['LDG'], ops['UTMALDG'], ops['HGMMA'])\n")
     out = _compiled(["-c", code])
-    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("nvfp4", "mxfp4"))]
-    assert len(rows) == 2, out.stdout
-    for fmt, before, after in rows:
-        assert before == "0" and int(after) > 0, f"{fmt}: {before} loads before the fence, {after} after"
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("ufp4", "nvfp4", "mxfp4"))]
+    assert len(rows) == 3, out.stdout
+    for fmt, ldg, tma, mma in rows:
+        assert ldg == "0" and int(tma) >= 4 and int(mma) > 0, f"{fmt}: LDG {ldg}, UTMALDG {tma}, HGMMA {mma}"
 
 
-def test_packed_gemm_reads_32_block_scales_without_shared_memory():
-    """1D 32-block scales (MXFP4, MXINT4) reach the codes' layout in registers, as 16-blocks' do:
-    no shared-memory loads and no more barriers in the loop than NVFP4's. Their [rows, K / 32]
-    tile went through shared memory after the wgmma's wait (3-4 LDS, 4-5 more BAR per K step):
-    at 8192^3 MXFP4 3.51 ms against 3.39, MXINT4 4.05 against 3.50
-    (results/perf/session9/mm_scales16.txt, mm_sass_triton36.txt)."""
+def test_packed_gemm_reads_32_block_scales_like_16_block_ones():
+    """1D 32-block scales (MXFP4, MXINT4) reach the codes' layout as 16-blocks' do (the host
+    repeats them, _mm_scales): no more shared-memory loads or barriers in the loop than NVFP4's.
+    Their [rows, K / 32] tile once went through a layout change in shared memory after the
+    wgmma's wait (3-4 LDS, 4-5 more BAR per K step): at 8192^3 MXFP4 3.51 ms against 3.39, MXINT4
+    4.05 against 3.50 (results/perf/session9/mm_scales16.txt, mm_sass_triton36.txt)."""
     code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S, kernels\n"
             "for fmt in ('mxfp4', 'mxint4', 'nvfp4'):\n"
             "    ops, _ = S.sass(S.compile_mm(fmt, *kernels._mm_config(8192, 8192, 8192)), loop=True)\n"
@@ -111,4 +110,4 @@ def test_packed_gemm_reads_32_block_scales_without_shared_memory():
             if r and r[0] in ("mxfp4", "mxint4", "nvfp4")}
     assert len(rows) == 3, out.stdout
     for fmt in ("mxfp4", "mxint4"):
-        assert rows[fmt][0] == 0 and rows[fmt][1] <= rows["nvfp4"][1], (fmt, rows)
+        assert rows[fmt][0] <= rows["nvfp4"][0] and rows[fmt][1] <= rows["nvfp4"][1], (fmt, rows)
