@@ -1376,14 +1376,16 @@ def dequantize(q, dtype=None):
 _MM_CFG = None  # (BM, BN, BK, GROUP_M, num_warps, num_stages) override, for benchmarks
 
 
-def _mm_config(M, N, K):
+def _mm_config(M, N, K, int4=False):
     """(BM, BN, BK, GROUP_M, num_warps, num_stages). 128 x 128 x 128 tiles of one warpgroup were
-    the fastest at 8192^3 for each format over 39 tiles (results/perf/session13/mm_tma*.txt)."""
+    the fastest at 8192^3 for each format over 39 tiles; with an int4 operand (its dequantize
+    takes more registers) 2 stages, 1.5-4 % faster than 3 in four runs; E2M1 operands 3, 2-7 %
+    faster than 2 (results/perf/session13/mm_tma3.txt, mm_tma4.txt, final_712674b/)."""
     if INTERPRET:
         return 32, 32, 64, 4, 4, 1
     if _MM_CFG:
         return _MM_CFG
-    return 128, 128, 128, 8, 4, 3
+    return 128, 128, 128, 8, 4, 2 if int4 else 3
 
 
 def _mm_block(fmt):
@@ -1448,9 +1450,9 @@ def fp4_matmul(qa, qb, dtype=None):
     kdtype = out_dtype if out_dtype in (torch.float32, torch.bfloat16, torch.float16) and not INTERPRET \
         else torch.float32
     c = torch.empty((M, N), device=qa.codes.device, dtype=kdtype)
-    BM, BN, BK, GM, nw, ns = _mm_config(M, N, K)
-    BK = max(BK, qa.fmt.block, qb.fmt.block)
     meta = _mm_meta(qa.fmt, qb.fmt, qa.tensor_scale is not None, qb.tensor_scale is not None)
+    BM, BN, BK, GM, nw, ns = _mm_config(M, N, K, int4=not (meta["A_E2M1"] and meta["B_E2M1"]))
+    BK = max(BK, qa.fmt.block, qb.fmt.block)
 
     def scale_tile(R, f):  # the scales one K step of R rows reads
         return (R // f.block, BK // f.block) if f.block_2d else (R, BK // _mm_block(f))

@@ -123,6 +123,11 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
                         dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True), cap=cap)
 
 
+def mm_config(fmt_name):
+    """kernels.fp4_matmul's tile at 8192^3 for two operands of this format."""
+    return kernels._mm_config(8192, 8192, 8192, int4=not kernels._grid_meta(fp4.get_format(fmt_name).grid)["E2M1"])
+
+
 def disassemble(kernel):
     """(SASS lines, registers per thread) of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -195,7 +200,7 @@ def main():
     # the packed GEMM's main loop: per K step each thread dequantizes (BM + BN) BK / threads elements
     # (both stored to shared memory for the wgmma), then the warpgroups' wgmma
     for fmt in ("ufp4", "nvfp4"):
-        cfg = kernels._mm_config(8192, 8192, 8192)
+        cfg = mm_config(fmt)
         BM, BN, BK, _, nw, _ = cfg
         ops, regs = sass(compile_mm(fmt, *cfg), loop=True)
         per = (BM + BN) * BK / (nw * 32)

@@ -84,9 +84,9 @@ def test_packed_gemm_reads_its_tiles_through_tma():
     """On sm_90 the GEMM's main loop loads no code or scale tile itself (no LDG): TMA copies them
     into shared memory stages ahead (UTMALDG), which made it 1.08-1.57x faster than loading
     them into registers one step ahead (results/perf/session13/README.md)."""
-    code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S, kernels\n"
+    code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S\n"
             "for fmt in ('ufp4', 'nvfp4', 'mxfp4'):\n"
-            "    ops, _ = S.sass(S.compile_mm(fmt, *kernels._mm_config(8192, 8192, 8192)), loop=True)\n"
+            "    ops, _ = S.sass(S.compile_mm(fmt, *S.mm_config(fmt)), loop=True)\n"
             "    print(fmt, ops['LDG'], ops['UTMALDG'], ops['HGMMA'])\n")
     out = _compiled(["-c", code])
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("ufp4", "nvfp4", "mxfp4"))]
@@ -101,9 +101,9 @@ def test_packed_gemm_reads_32_block_scales_like_16_block_ones():
     Their [rows, K / 32] tile once went through a layout change in shared memory after the
     wgmma's wait (3-4 LDS, 4-5 more BAR per K step): at 8192^3 MXFP4 3.51 ms against 3.39, MXINT4
     4.05 against 3.50 (results/perf/session9/mm_scales16.txt, mm_sass_triton36.txt)."""
-    code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S, kernels\n"
+    code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S\n"
             "for fmt in ('mxfp4', 'mxint4', 'nvfp4'):\n"
-            "    ops, _ = S.sass(S.compile_mm(fmt, *kernels._mm_config(8192, 8192, 8192)), loop=True)\n"
+            "    ops, _ = S.sass(S.compile_mm(fmt, *S.mm_config(fmt)), loop=True)\n"
             "    print(fmt, ops['LDS'], ops['BAR'])\n")
     out = _compiled(["-c", code])
     rows = {r[0]: (int(r[1]), int(r[2])) for r in (line.split() for line in out.stdout.splitlines())
