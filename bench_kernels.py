@@ -285,7 +285,34 @@ def main():
             add("gpt2", f"{name} fake quant RHT16 {T}x768", ms, "xcopy", eff(ms, 4 * xs.numel()) / cbw)
         linear_bench(T, 768, 3072, "gpt2 fc")
         linear_bench(T, 3072, 768, "gpt2 proj")
-    section("gpt2", s_gpt2, 30)
+        # the 8192^2 rows' targets at a GPT-2-small micro-step's activations (16k tokens)
+        for width in (768, 3072):
+            xg = torch.randn(16384, width, device=dev, generator=g).bfloat16()
+            ng, tag = xg.numel(), f"16384x{width}"
+            for name in ("ufp4", "e2m1", "nvfp4", "mxfp4"):
+                ms_on = bench(lambda: kernels.fake_quant(xg, name, rht=16))
+                ms_off = bench(lambda: kernels.fake_quant(xg, name))
+                add("gpt2", f"{name} RHT16 row fake {tag}", ms_on, "xcopy", eff(ms_on, 4 * ng) / cbw, ">=0.80")
+                add("gpt2", f"{name} RHT on/off {tag}", ms_on, "ratio", ms_on / ms_off, "<=1.05")
+            for name in ("ufp4", "nvfp4"):
+                ms_s = bench(lambda: kernels.fake_quant(xg, name, rht=16, rounding="sr", seed=1))
+                ms_r = bench(lambda: kernels.fake_quant(xg, name, rht=16))
+                add("gpt2", f"{name} SR / RTNE {tag}", ms_s, "ratio", ms_s / ms_r, "<=1.20")
+            for name in ("ufp4", "nvfp4", "mxfp4"):
+                ms = bench(lambda: kernels.quantize(xg, name))
+                nbytes = 2 * ng + ng // 2 + 4 * ng // fp4.FORMATS[name].block
+                add("gpt2", f"{name} quantize -> codes+scales {tag}", ms, "xcopy", eff(ms, nbytes) / cbw, ">=0.70")
+        for M, N, K, tag in ((16384, 3072, 768, "fc"), (16384, 768, 3072, "proj")):
+            a = torch.randn(M, K, device=dev, generator=g).bfloat16()
+            b = torch.randn(N, K, device=dev, generator=g).bfloat16()
+            ms_bf = bench(lambda: torch.mm(a, b.t()))
+            add("gpt2", f"{tag} cuBLAS bf16 {M}x{N}x{K}", ms_bf, "TFLOP/s", 2 * M * N * K / ms_bf / 1e9)
+            for name in ("ufp4", "nvfp4", "mxfp4"):
+                qa = kernels.quantize(a, name)
+                qb = kernels.quantize(b, dataclasses.replace(fp4.FORMATS[name], block_2d=name == "nvfp4"))
+                ms = bench(lambda: kernels.fp4_matmul(qa, qb, torch.bfloat16))
+                add("gpt2", f"{tag} fp4_matmul {name} packed {M}x{N}x{K}", ms, "x bf16", ms_bf / ms, ">=0.50")
+    section("gpt2", s_gpt2, 60)
 
     if warm:
         print(f"warm {args.warm} done in {time.time() - t_start:.0f}s")
