@@ -888,10 +888,10 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     loop, fp32 accumulation, 1 / (tensor scales) in the epilogue. With TMA (sm_90, 16-byte
     aligned rows) each step's code and scale tiles come through tensor descriptors, which Triton
     prefetches num_stages steps ahead into shared memory, so no thread waits on a global load
-    before its dequantize. At 8192^3 in 128 x 128 x 128 tiles of one warpgroup (two or three
-    CTAs share an SM, so one's dequantize overlaps another's wgmma) this is 1.11-1.21x faster
-    than pointer loads with the next step's dequantize issued before this step's dot
-    (results/perf/session13/README.md)."""
+    before its dequantize. At 8192^3 in 128 x 128 x 128 tiles of one warpgroup (two CTAs share
+    an SM, so one's dequantize overlaps the other's wgmma) this is 1.07-1.20x faster than pointer
+    loads with the next step's dequantize issued before this step's dot, 1.05-1.58x at GPT-2
+    shapes (results/perf/session13/README.md)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -1378,7 +1378,7 @@ _MM_CFG = None  # (BM, BN, BK, GROUP_M, num_warps, num_stages) override, for ben
 
 def _mm_config(M, N, K, int4=False):
     """(BM, BN, BK, GROUP_M, num_warps, num_stages). 128 x 128 x 128 tiles of one warpgroup were
-    the fastest at 8192^3 for each format over 39 tiles; with an int4 operand (its dequantize
+    the fastest at 8192^3 for each format over 28 tile configs; with an int4 operand (its dequantize
     takes more registers) 2 stages, 1.5-4 % faster than 3 in four runs; E2M1 operands 3, 2-7 %
     faster than 2 (results/perf/session13/mm_tma3.txt, mm_tma4.txt, final_712674b/)."""
     if INTERPRET:
@@ -1416,14 +1416,15 @@ def _mm_meta(fa, fb, a_ts, b_ts):
 
 def _tma_descriptors(tensors, boxes):
     """TMA descriptors of these 2D tensors with these tile shapes, or None where TMA cannot read
-    them: before sm_90, or bases, rows or tile rows not 16-byte aligned."""
+    them: before sm_90; bases, rows or tile rows not 16-byte aligned; tiles over 256 a side;
+    empty tensors."""
     dev = tensors[0].device
     if not INTERPRET and (dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] < 9):
         return None
     for t, box in zip(tensors, boxes):
         nbytes = t.element_size()
         if (t.stride(1) != 1 or t.data_ptr() % 16 or t.stride(0) * nbytes % 16
-                or box[1] * nbytes % 16):
+                or box[1] * nbytes % 16 or max(box) > 256 or min(t.shape) == 0):
             return None
     return [TensorDescriptor.from_tensor(t, list(box)) for t, box in zip(tensors, boxes)]
 
@@ -1450,21 +1451,23 @@ def fp4_matmul(qa, qb, dtype=None):
     kdtype = out_dtype if out_dtype in (torch.float32, torch.bfloat16, torch.float16) and not INTERPRET \
         else torch.float32
     c = torch.empty((M, N), device=qa.codes.device, dtype=kdtype)
+    if not c.numel():
+        return c if c.dtype == out_dtype else c.to(out_dtype)
     meta = _mm_meta(qa.fmt, qb.fmt, qa.tensor_scale is not None, qb.tensor_scale is not None)
     BM, BN, BK, GM, nw, ns = _mm_config(M, N, K, int4=not (meta["A_E2M1"] and meta["B_E2M1"]))
     BK = max(BK, qa.fmt.block, qb.fmt.block)
 
     def scale_tile(R, f):  # the scales one K step of R rows reads
         return (R // f.block, BK // f.block) if f.block_2d else (R, BK // _mm_block(f))
-    operands = [qa.codes, _mm_scales(qa), qb.codes, _mm_scales(qb)]
+    # (both paths read codes with rows of K / 2 bytes: a view of padded or transposed codes is copied)
+    operands = [qa.codes.contiguous(), _mm_scales(qa), qb.codes.contiguous(), _mm_scales(qb)]
     descs = _tma_descriptors(operands, [(BM, BK // 2), scale_tile(BM, qa.fmt),
                                         (BN, BK // 2), scale_tile(BN, qb.fmt)])
     ac, asc, bc, bsc = descs or operands
     dummy = qa.scales
     grid = (_cdiv(M, BM) * _cdiv(N, BN),)
-    if c.numel():
-        _fp4_mm_kernel[grid](ac, asc, qa.tensor_scale if qa.tensor_scale is not None else dummy,
-                             bc, bsc, qb.tensor_scale if qb.tensor_scale is not None else dummy,
-                             c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=GM, DOT_FP32=INTERPRET,
-                             TMA=descs is not None, num_warps=nw, num_stages=ns, **meta)
+    _fp4_mm_kernel[grid](ac, asc, qa.tensor_scale if qa.tensor_scale is not None else dummy,
+                         bc, bsc, qb.tensor_scale if qb.tensor_scale is not None else dummy,
+                         c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=GM, DOT_FP32=INTERPRET,
+                         TMA=descs is not None, num_warps=nw, num_stages=ns, **meta)
     return c if c.dtype == out_dtype else c.to(out_dtype)

@@ -760,6 +760,19 @@ def _bf16_operand(q):
     return fp4.dequantize(dataclasses.replace(q, tensor_scale=None), torch.bfloat16).double()
 
 
+def _check_mm(out, qa, qw, what):
+    """out == the operands' bf16 values (value x block scale) multiplied in float64, / tensor
+    scales, within fp32 summation error."""
+    assert out.shape == (qa.shape[0], qw.shape[0]) and out.dtype == torch.float32
+    ref = _bf16_operand(qa) @ _bf16_operand(qw).t()
+    mag = _bf16_operand(qa).abs() @ _bf16_operand(qw).abs().t()
+    for q in (qa, qw):
+        if q.tensor_scale is not None:
+            ref, mag = ref / q.tensor_scale.double(), mag / q.tensor_scale.double()
+    err = (out.double() - ref).abs()
+    assert (err <= 1e-5 * mag + 1e-30).all(), f"{what}: {(err / mag).max()}"
+
+
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("K", [128, 96])
 def test_fp4_matmul(name, K, monkeypatch):
@@ -778,22 +791,36 @@ def test_fp4_matmul(name, K, monkeypatch):
         qw = kernels.quantize(w, fw, rht=rht)
         out = kernels.fp4_matmul(qa, qw, dtype=torch.float32)
         assert (paths[-1] is not None) == (K == 128), f"{name} K={K}: TMA {paths[-1] is not None}"
-        assert out.shape == (M, N) and out.dtype == torch.float32
-        ref = _bf16_operand(qa) @ _bf16_operand(qw).t()
-        for q in (qa, qw):
-            if q.tensor_scale is not None:
-                ref = ref / q.tensor_scale.double()
-        mag = _bf16_operand(qa).abs() @ _bf16_operand(qw).abs().t()
-        for q in (qa, qw):
-            if q.tensor_scale is not None:
-                mag = mag / q.tensor_scale.double()
-        err = (out.double() - ref).abs()
-        assert (err <= 1e-5 * mag + 1e-30).all(), f"{name} rht={rht}: {(err / mag).max()}"
+        _check_mm(out, qa, qw, f"{name} rht={rht}")
         # and vs fake quant + mm, within the bf16 rounding of fp32 block scales
         fq = (fp4.fake_quant(a, fa, rht=rht, dtype=torch.float32).double()
               @ fp4.fake_quant(w, fw, rht=rht, dtype=torch.float32).double().t())
         rel = (out.double() - fq).norm() / fq.norm()
         assert rel < (4e-3 if fa.scale == "fp32" else 1e-5), f"{name}: {rel}"
+
+
+def test_fp4_matmul_at_the_gpu_tile(monkeypatch):
+    """The GPU's 128 x 128 x 128 tile through TMA: M, N and K end inside a tile (the descriptors
+    fill past the edges with zeros), 2D-block scales of 16 and of 32, mixed formats; empty
+    outputs; codes that are a strided view (copied, not read with the wrong row stride)."""
+    monkeypatch.setattr(kernels, "_mm_config", lambda M, N, K, int4=False: (128, 128, 128, 8, 4, 1))
+    paths = []
+    find = kernels._tma_descriptors
+    monkeypatch.setattr(kernels, "_tma_descriptors", lambda *args: paths.append(find(*args)) or paths[-1])
+    M, N = 136, 224
+    # (2D 32-blocks' scale rows are K / 8 bytes: 16-byte aligned only where K % 128 == 0)
+    for fa, fw, K in (("ufp4", "ufp4", 192), ("nvfp4", fmt_of("nvfp4", block_2d=True), 192),
+                      ("mxfp4", fmt_of("mxfp4", block_2d=True), 384), ("mxfp4", "nvfp4", 192)):
+        a, w = randn(M, K, seed=21), randn(N, K, seed=22)
+        qa, qw = kernels.quantize(a, fa, rht=16), kernels.quantize(w, fw, rht=16)
+        _check_mm(kernels.fp4_matmul(qa, qw, dtype=torch.float32), qa, qw, f"{fa} x {fw}")
+        assert paths[-1] is not None, f"{fa} x {fw}: took the pointer loads"
+    padded = torch.zeros(N, K // 2 + 8, dtype=torch.uint8)[:, :K // 2]  # rows 104 bytes apart: pointer loads
+    qv = dataclasses.replace(qw, codes=padded.copy_(qw.codes))
+    _check_mm(kernels.fp4_matmul(qa, qv, dtype=torch.float32), qa, qv, "strided codes")
+    for m, n in ((0, N), (M, 0)):
+        out = kernels.fp4_matmul(kernels.quantize(a[:m], "ufp4"), kernels.quantize(w[:n], "ufp4"))
+        assert out.shape == (m, n)
 
 
 def _ptx_reference(grid, scales):
