@@ -1378,9 +1378,9 @@ _MM_CFG = None  # (BM, BN, BK, GROUP_M, num_warps, num_stages) override, for ben
 
 def _mm_config(M, N, K, int4=False):
     """(BM, BN, BK, GROUP_M, num_warps, num_stages). 128 x 128 x 128 tiles of one warpgroup were
-    the fastest at 8192^3 for each format over 28 tile configs; with an int4 operand (its dequantize
-    takes more registers) 2 stages, 1.5-4 % faster than 3 in four runs; E2M1 operands 3, 2-7 %
-    faster than 2 (results/perf/session13/mm_tma3.txt, mm_tma4.txt, final_712674b/)."""
+    the fastest at 8192^3 for each format over 28 tile configs; with an int4 operand 2 stages,
+    1.5-4 % faster than 3 in four runs; E2M1 operands 3, 3-7 % faster than 2
+    (results/perf/session13/mm_tma3.txt, mm_tma4.txt, mm_ab2.txt, final_712674b/)."""
     if INTERPRET:
         return 32, 32, 64, 4, 4, 1
     if _MM_CFG:
