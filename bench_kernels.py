@@ -114,6 +114,15 @@ def main():
     def eff(ms, nbytes):
         return nbytes / ms / 1e9
 
+    def packed_bytes(n, name):
+        """bf16 in, 4-bit codes and fp32 block scales out."""
+        return 2 * n + n // 2 + 4 * n // fp4.FORMATS[name].block
+
+    def gemm_operands(a, b, name):
+        """a and b packed as the GEMM rows take them (NVFP4's weight in 16 x 16 blocks)."""
+        return (kernels.quantize(a, name),
+                kernels.quantize(b, dataclasses.replace(fp4.FORMATS[name], block_2d=name == "nvfp4")))
+
     # --- row tiles: load mode x tile shape (the defaults in kernels._tile come from this table)
     def s_cfg():
         for mode in (0, 1):
@@ -175,8 +184,7 @@ def main():
 
     def s_packed():
         for name in ("ufp4", "nvfp4", "mxfp4"):
-            blk = fp4.FORMATS[name].block
-            nbytes = 2 * n + n // 2 + 4 * n // blk
+            nbytes = packed_bytes(n, name)
             ms = bench(lambda: kernels.quantize(x, name))
             add("packed", f"{name} quantize -> codes+scales", ms, "xcopy", eff(ms, nbytes) / cbw, ">=0.70",
                 "incl. amax pass" if fp4.FORMATS[name].scale == "e4m3" else "")
@@ -196,8 +204,7 @@ def main():
         add("gemm", f"cuBLAS bf16 {M}x{N}x{K}", ms_bf, "TFLOP/s", fl / ms_bf / 1e9)
         best = {}
         for name in ("ufp4", "nvfp4", "mxfp4"):
-            qa = kernels.quantize(a, name)
-            qb = kernels.quantize(b, dataclasses.replace(fp4.FORMATS[name], block_2d=name == "nvfp4"))
+            qa, qb = gemm_operands(a, b, name)
             cfgs = [None] if name != "ufp4" else [None, (128, 128, 128, 8, 4, 2), (128, 128, 64, 8, 4, 4),
                                                   (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3)]
             for cfg in cfgs:
@@ -300,16 +307,15 @@ def main():
                 add("gpt2", f"{name} SR / RTNE {tag}", ms_s, "ratio", ms_s / ms_r, "<=1.20")
             for name in ("ufp4", "nvfp4", "mxfp4"):
                 ms = bench(lambda: kernels.quantize(xg, name))
-                nbytes = 2 * ng + ng // 2 + 4 * ng // fp4.FORMATS[name].block
-                add("gpt2", f"{name} quantize -> codes+scales {tag}", ms, "xcopy", eff(ms, nbytes) / cbw, ">=0.70")
+                add("gpt2", f"{name} quantize -> codes+scales {tag}", ms, "xcopy",
+                    eff(ms, packed_bytes(ng, name)) / cbw, ">=0.70")
         for M, N, K, tag in ((16384, 3072, 768, "fc"), (16384, 768, 3072, "proj")):
             a = torch.randn(M, K, device=dev, generator=g).bfloat16()
             b = torch.randn(N, K, device=dev, generator=g).bfloat16()
             ms_bf = bench(lambda: torch.mm(a, b.t()))
             add("gpt2", f"{tag} cuBLAS bf16 {M}x{N}x{K}", ms_bf, "TFLOP/s", 2 * M * N * K / ms_bf / 1e9)
             for name in ("ufp4", "nvfp4", "mxfp4"):
-                qa = kernels.quantize(a, name)
-                qb = kernels.quantize(b, dataclasses.replace(fp4.FORMATS[name], block_2d=name == "nvfp4"))
+                qa, qb = gemm_operands(a, b, name)
                 ms = bench(lambda: kernels.fp4_matmul(qa, qb, torch.bfloat16))
                 add("gpt2", f"{tag} fp4_matmul {name} packed {M}x{N}x{K}", ms, "x bf16", ms_bf / ms, ">=0.50")
     section("gpt2", s_gpt2, 60)

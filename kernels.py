@@ -1376,8 +1376,9 @@ def dequantize(q, dtype=None):
 _MM_CFG = None  # (BM, BN, BK, GROUP_M, num_warps, num_stages) override, for benchmarks
 
 
-def _mm_config(M, N, K, int4=False):
-    """(BM, BN, BK, GROUP_M, num_warps, num_stages). 128 x 128 x 128 tiles of one warpgroup were
+def _mm_config(M, N, K, fa, fb):
+    """(BM, BN, BK, GROUP_M, num_warps, num_stages) for operands of formats fa and fb.
+    128 x 128 x 128 tiles of one warpgroup were
     the fastest at 8192^3 for each format over 28 tile configs; with an int4 operand 2 stages,
     1.5-4 % faster than 3 in four runs; E2M1 operands 3, 3-7 % faster than 2
     (results/perf/session13/mm_tma3.txt, mm_tma4.txt, mm_ab2.txt, final_712674b/)."""
@@ -1385,7 +1386,16 @@ def _mm_config(M, N, K, int4=False):
         return 32, 32, 64, 4, 4, 1
     if _MM_CFG:
         return _MM_CFG
+    int4 = not all(_grid_meta_cached(f.grid)["E2M1"] for f in (fa, fb))
     return 128, 128, 128, 8, 4, 2 if int4 else 3
+
+
+def _mm_tiles(fa, fb, BM, BN, BK):
+    """The [rows, columns] tiles one K step reads of A's codes and scales, then B's (the TMA
+    boxes)."""
+    def scales(R, f):
+        return (R // f.block, BK // f.block) if f.block_2d else (R, BK // _mm_block(f))
+    return [(BM, BK // 2), scales(BM, fa), (BN, BK // 2), scales(BN, fb)]
 
 
 def _mm_block(fmt):
@@ -1454,15 +1464,11 @@ def fp4_matmul(qa, qb, dtype=None):
     if not c.numel():
         return c if c.dtype == out_dtype else c.to(out_dtype)
     meta = _mm_meta(qa.fmt, qb.fmt, qa.tensor_scale is not None, qb.tensor_scale is not None)
-    BM, BN, BK, GM, nw, ns = _mm_config(M, N, K, int4=not (meta["A_E2M1"] and meta["B_E2M1"]))
+    BM, BN, BK, GM, nw, ns = _mm_config(M, N, K, qa.fmt, qb.fmt)
     BK = max(BK, qa.fmt.block, qb.fmt.block)
-
-    def scale_tile(R, f):  # the scales one K step of R rows reads
-        return (R // f.block, BK // f.block) if f.block_2d else (R, BK // _mm_block(f))
     # (both paths read codes with rows of K / 2 bytes: a view of padded or transposed codes is copied)
     operands = [qa.codes.contiguous(), _mm_scales(qa), qb.codes.contiguous(), _mm_scales(qb)]
-    descs = _tma_descriptors(operands, [(BM, BK // 2), scale_tile(BM, qa.fmt),
-                                        (BN, BK // 2), scale_tile(BN, qb.fmt)])
+    descs = _tma_descriptors(operands, _mm_tiles(qa.fmt, qb.fmt, BM, BN, BK))
     ac, asc, bc, bsc = descs or operands
     dummy = qa.scales
     grid = (_cdiv(M, BM) * _cdiv(N, BN),)

@@ -115,17 +115,17 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
     fn = kernels._fp4_mm_kernel
     ptr = {"a_codes": "*u8", "b_codes": "*u8", "c_ptr": "*bf16"}
     if tma:
-        per = kernels._mm_block(fmt)
-        for p, R in (("a_", BM), ("b_", BN)):
-            ptr[p + "codes"] = f"tensordesc<u8[{R}, {BK // 2}]>"
-            ptr[p + "scales"] = f"tensordesc<fp32[{R}, {BK // per}]>"
+        names = ("a_codes", "a_scales", "b_codes", "b_scales")
+        for name, (r, c) in zip(names, kernels._mm_tiles(fmt, fmt, BM, BN, BK)):
+            ptr[name] = f"tensordesc<{'u8' if name.endswith('codes') else 'fp32'}[{r}, {c}]>"
     return compile_sm(fn, meta, _types(fn, ("M", "N", "K"), ptr, "*fp32"),  # fusion: fp4_matmul's default
                         dict(num_warps=nw, num_stages=stages, enable_fp_fusion=True), cap=cap)
 
 
 def mm_config(fmt_name):
     """kernels.fp4_matmul's tile at 8192^3 for two operands of this format."""
-    return kernels._mm_config(8192, 8192, 8192, int4=not kernels._grid_meta(fp4.get_format(fmt_name).grid)["E2M1"])
+    fmt = fp4.get_format(fmt_name)
+    return kernels._mm_config(8192, 8192, 8192, fmt, fmt)
 
 
 def disassemble(kernel):

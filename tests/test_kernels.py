@@ -760,6 +760,15 @@ def _bf16_operand(q):
     return fp4.dequantize(dataclasses.replace(q, tensor_scale=None), torch.bfloat16).double()
 
 
+@pytest.fixture
+def tma_paths(monkeypatch):
+    """What each fp4_matmul call's _tma_descriptors returned (None: the pointer loads)."""
+    paths = []
+    find = kernels._tma_descriptors
+    monkeypatch.setattr(kernels, "_tma_descriptors", lambda *args: paths.append(find(*args)) or paths[-1])
+    return paths
+
+
 def _check_mm(out, qa, qw, what):
     """out == the operands' bf16 values (value x block scale) multiplied in float64, / tensor
     scales, within fp32 summation error."""
@@ -775,7 +784,7 @@ def _check_mm(out, qa, qw, what):
 
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("K", [128, 96])
-def test_fp4_matmul(name, K, monkeypatch):
+def test_fp4_matmul(name, K, tma_paths):
     """K = 128: the operands' rows are 16-byte aligned and the GEMM reads them through TMA
     descriptors; K = 96: the scales' rows (6 fp32) are not, and it falls back to pointer loads."""
     M, N = 40, 48
@@ -783,9 +792,7 @@ def test_fp4_matmul(name, K, monkeypatch):
     w = randn(N, K, seed=13)
     fa = fmt_of(name)
     fw = fmt_of(name, block_2d=name.startswith("nv"))
-    paths = []
-    find = kernels._tma_descriptors
-    monkeypatch.setattr(kernels, "_tma_descriptors", lambda *args: paths.append(find(*args)) or paths[-1])
+    paths = tma_paths
     for rht in (None, 16):
         qa = kernels.quantize(a, fa, rht=rht)
         qw = kernels.quantize(w, fw, rht=rht)
@@ -799,14 +806,12 @@ def test_fp4_matmul(name, K, monkeypatch):
         assert rel < (4e-3 if fa.scale == "fp32" else 1e-5), f"{name}: {rel}"
 
 
-def test_fp4_matmul_at_the_gpu_tile(monkeypatch):
+def test_fp4_matmul_at_the_gpu_tile(monkeypatch, tma_paths):
     """The GPU's 128 x 128 x 128 tile through TMA: M, N and K end inside a tile (the descriptors
     fill past the edges with zeros), 2D-block scales of 16 and of 32, mixed formats; empty
     outputs; codes that are a strided view (copied, not read with the wrong row stride)."""
-    monkeypatch.setattr(kernels, "_mm_config", lambda M, N, K, int4=False: (128, 128, 128, 8, 4, 1))
-    paths = []
-    find = kernels._tma_descriptors
-    monkeypatch.setattr(kernels, "_tma_descriptors", lambda *args: paths.append(find(*args)) or paths[-1])
+    monkeypatch.setattr(kernels, "_mm_config", lambda M, N, K, fa, fb: (128, 128, 128, 8, 4, 1))
+    paths = tma_paths
     M, N = 136, 224
     # (2D 32-blocks' scale rows are K / 8 bytes: 16-byte aligned only where K % 128 == 0)
     for fa, fw, K in (("ufp4", "ufp4", 192), ("nvfp4", fmt_of("nvfp4", block_2d=True), 192),
