@@ -23,16 +23,12 @@ Conventions used everywhere:
 """
 import contextlib
 import math
-import sys
 import typing
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-if __name__ == "__main__":  # `import fp4` (kernels.py does) must find this module, not load a
-    sys.modules["fp4"] = sys.modules[__name__]  # second copy: its custom ops register once
 
 # -----------------------------------------------------------------------------
 # 1. Formats as data
@@ -102,7 +98,7 @@ def get_format(fmt):
 def _levels(grid, device):
     return torch.tensor(grid.levels, dtype=torch.float32, device=device)
 
-def _segments(grid):
+def grid_pieces(grid):
     """The grid as uniform pieces (start level, step, index of start): e2m1 is three of them."""
     q, out = grid.levels, []
     for i in range(len(q) - 1):
@@ -116,7 +112,7 @@ def round_to_grid(t, grid, rounding="rtne", generator=None):
     RTNE: nearest level, ties to the even index (= even mantissa for e2m1, even integer for int4);
     saturates at qmax. SR: between neighbours lo <= |t| < hi round up with prob (|t|-lo)/(hi-lo)."""
     a = t.abs().clamp_(max=grid.qmax)
-    segs = _segments(grid)
+    segs = grid_pieces(grid)
     start, step = segs[0][0], segs[0][1]
     if len(segs) > 1:   # piecewise uniform (e2m1): find each element's piece
         start, step = torch.full_like(a, start), torch.full_like(a, step)
@@ -187,7 +183,7 @@ class QTensor:
     dim: int        # blocked dim of the original tensor (non-negative)
     rht: int | None  # RHT size applied before quantizing (values stay in the rotated basis)
 
-def _check_blockable(x, fmt, dim, rht):
+def check_blockable(x, fmt, dim, rht):
     K = x.shape[dim]
     for n, what in ((fmt.block, f"block size of format {fmt.name!r}"), (rht or 1, "RHT size")):
         if K % n != 0:
@@ -224,9 +220,9 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
     int, or a one-element integer tensor (the Triton path reads it on the GPU without a sync)."""
     fmt = get_format(fmt)
     dim = dim % x.dim()
-    _check_blockable(x, fmt, dim, rht)
-    if _use_triton(x):
-        import kernels
+    check_blockable(x, fmt, dim, rht)
+    kernels = kernels_for(x)
+    if kernels:
         return kernels.quantize(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed)
     shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
     codes = grid_index(values.abs(), GRIDS[fmt.grid]) | (torch.signbit(values).to(torch.uint8) << 3)
@@ -243,8 +239,8 @@ def _blocked(t, fmt):
 
 def dequantize(q, dtype=None):
     """QTensor -> tensor of the original shape (in the RHT basis if q.rht), in q.dtype or `dtype`."""
-    if _use_triton(q.codes):
-        import kernels
+    kernels = kernels_for(q.codes)
+    if kernels:
         return kernels.dequantize(q, dtype)
     codes = unpack_codes(q.codes).long()
     mag = _levels(GRIDS[q.fmt.grid], codes.device)[codes & 7]
@@ -259,9 +255,9 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None)
     """dequantize(quantize(x, ...)), bit for bit, without packing: x as the 4-bit GEMM sees it."""
     fmt = get_format(fmt)
     dim = dim % x.dim()
-    _check_blockable(x, fmt, dim, rht)
-    if _use_triton(x):
-        import kernels
+    check_blockable(x, fmt, dim, rht)
+    kernels = kernels_for(x)
+    if kernels:
         return kernels.fake_quant(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, dtype=dtype)
     shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
     out = values.mul_(scales).reshape(shape)
@@ -269,7 +265,7 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None)
         out = out / s_enc
     return out.movedim(-1, dim).to(dtype or x.dtype)
 
-def _both_args(x, fmt, fmt_col, rht, rht_col, packed):
+def quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed):
     """quantize_both's arguments checked and resolved: (row fmt, col fmt, row RHT, col RHT,
     row packed, col packed)."""
     if x.dim() != 2:
@@ -277,8 +273,8 @@ def _both_args(x, fmt, fmt_col, rht, rht_col, packed):
     fmt = get_format(fmt)
     fmt_col = get_format(fmt_col) if fmt_col is not None else fmt
     rht_col = rht if rht_col == "same" else rht_col
-    _check_blockable(x, fmt, 1, rht)
-    _check_blockable(x, fmt_col, 0, rht_col)
+    check_blockable(x, fmt, 1, rht)
+    check_blockable(x, fmt_col, 0, rht_col)
     pr, pc = (packed, packed) if isinstance(packed, bool) else tuple(packed)
     return fmt, fmt_col, rht, rht_col, pr, pc
 
@@ -288,9 +284,9 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     each side with its own format, rounding, RHT and seed (fmt_col, rounding_col: the row side's
     unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, or quantize's
     where `packed` (a bool, or one per side) says so. Here two calls; kernels.py reads x once."""
-    fmt, fmt_col, rht, rht_col, pr, pc = _both_args(x, fmt, fmt_col, rht, rht_col, packed)
-    if _use_triton(x):
-        import kernels
+    fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
+    kernels = kernels_for(x)
+    if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
                                      seed_col, (pr, pc), dtype)
     sides = ((fmt, rounding, rht, seed, pr, 1), (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, 0))
@@ -443,6 +439,7 @@ def check_dims(recipe, *dims):
 # (Python that a replay skips).
 
 BACKEND = "auto"  # "torch" (this file), "triton" (kernels.py on CUDA), "auto": triton on CUDA
+SR_BITS_CHOICES = (8, 16)
 
 def set_backend(name):
     global BACKEND
@@ -450,17 +447,36 @@ def set_backend(name):
         raise ValueError(f"unknown backend {name!r}; valid: 'auto', 'torch', 'triton'")
     BACKEND = name
 
-def _use_triton(x):
-    """The one dispatch point between this reference and kernels.py."""
-    if BACKEND == "torch" or not x.is_cuda:
-        return False
+def set_sr_bits(bits):
+    """Random bits per stochastic-rounding draw in the Triton kernels: 8 or 16 (the torch
+    reference draws fp32 uniforms; docs/formats.md on SR)."""
+    if bits not in SR_BITS_CHOICES:
+        raise ValueError(f"sr_bits must be one of {SR_BITS_CHOICES}, got {bits!r}")
+    kernels = _import_kernels()
+    if kernels:
+        kernels.set_sr_bits(bits)
+
+def _import_kernels():
+    """kernels.py, or None where it cannot be imported (BACKEND 'triton' raises). The only import
+    of it here, and a lazy one: kernels.py imports this file."""
     try:
-        import kernels  # noqa: F401
+        import kernels
     except ImportError:
         if BACKEND == "triton":
             raise
-        return False
-    return getattr(kernels, "AVAILABLE", False) or BACKEND == "triton"
+        return None
+    return kernels
+
+def kernels_for(x):
+    """The one dispatch point between this reference and kernels.py: the kernels module when
+    tensor x is to be processed by it (a CUDA tensor, triton available, backend not 'torch'),
+    else None."""
+    if BACKEND == "torch" or not x.is_cuda:
+        return None
+    kernels = _import_kernels()
+    if kernels and (kernels.AVAILABLE or BACKEND == "triton"):
+        return kernels
+    return None
 
 def _qparams(gemm, recipe, sr, weight=False):
     """(format, rounding, RHT size) of one GEMM operand under the recipe."""
@@ -491,7 +507,7 @@ def _operand_pair(t, row, col, recipe, dtype, tag):
     packed, probe name): on the Triton path from one read of t (kernels.quantize_both, the same
     bits as two calls) when both sides quantize; else two calls."""
     (gr, sr_r, seed_r, pk_r, pb_r), (gc, sr_c, seed_c, pk_c, pb_c) = row, col
-    if gr.fmt and gc.fmt and PROBE is None and _use_triton(t):
+    if gr.fmt and gc.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = _qparams(gr, recipe, sr_r), _qparams(gc, recipe, sr_c)
         return quantize_both(t, fr, fc, rr, rc, hr, hc, seed_r, seed_c, (pk_r, pk_c), dtype)
     return (_operand(t, gr, recipe, -1, sr_r, seed_r, dtype=dtype, probe=(tag, pb_r), packed=pk_r),
@@ -634,7 +650,7 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
 def _seed_device(x):
     """Where a layer's SR seeds live: the GPU for the Triton kernels (they read them there), the
     CPU for the torch reference (which int()s them: free on the CPU, a host sync on the GPU)."""
-    return x.device if _use_triton(x) else torch.device("cpu")
+    return x.device if kernels_for(x) else torch.device("cpu")
 
 def _sr_seed(recipe, device):
     """The six SR seeds of one layer call (int64 [6]), from torch's generator of `device`

@@ -29,6 +29,7 @@ kernel writes fp32 and torch casts (the interpreter truncates).
 AVAILABLE is True when triton imports and a CUDA device exists; fp4.py's dispatch uses it.
 Under TRITON_INTERPRET=1 the same functions run on CPU tensors (what CI tests).
 """
+import contextlib
 import functools
 import math
 import os
@@ -58,7 +59,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AVAILABLE = HAVE_TRITON and torch.cuda.is_available()
 
 _SCALE_ID = {"fp32": 0, "e4m3": 1, "e8m0": 2}
-ROWLOAD = None  # row load mode for explicit 3-tuple tile configs (benchmarks); see _tile
 _FLT_MAX = 3.4028234663852886e38
 
 # -----------------------------------------------------------------------------
@@ -963,7 +963,7 @@ def _grid_meta(grid_name):
 
 def _grid_meta_uncached(grid_name):
     grid = fp4.GRIDS[grid_name]
-    segs = fp4._segments(grid)
+    segs = fp4.grid_pieces(grid)
     if len(segs) > 3 or grid.levels[0] != 0.0 or len(grid.levels) != 8:
         raise ValueError(f"grid {grid_name!r}: kernels handle 8 levels from 0 in at most 3 pieces")
     for _, st, _ in segs:
@@ -1059,7 +1059,7 @@ def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, row_2d=F
     (session9/tiles3.txt; results/perf/session11/col_tile_ab.txt). _run adjusts two choices for
     32-element groups."""
     if cfg:
-        return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
+        return tuple(cfg) + ((1,) if len(cfg) == 3 else ())  # (default: plain row loads)
     if row and not col and esize == 2:  # (verified on 16-bit inputs; fp32 inputs take the plain load)
         for BN in (512,) if row_2d else (2048, 1024, 512):
             if N % BN == 0 and BN % row == 0:
@@ -1145,13 +1145,32 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 
 
 _FAST = {}
-PHILOX_ROUNDS = 10  # Philox4x32 rounds per call: Random123's default (7: 5 % faster SR with 16-bit draws, results/perf/philox_rounds.md)
+PHILOX_ROUNDS = 10  # Philox4x32 rounds per call: Random123's default (docs/kernels.md on SR)
 # Random bits per SR draw: 8 (16 draws per Philox call) or 16 (8 per call). With b bits an element
 # k + f rounds up with probability round(2^b f) / 2^b: |bias| <= 2^-(b+1) of a grid step, and
-# f < 2^-(b+1) never rounds up (2^-9 of a step at 8 bits). ../shared/HARDWARE.md gives 8 bits per
-# element as the design point (within about 20 % of RTNE); Blackwell's cvt.rs also takes 8 per
-# FP4 value (one 32-bit random operand per four).
+# f < 2^-(b+1) never rounds up (2^-9 of a step at 8 bits). 8 is the design point (within about
+# 20 % of RTNE); Blackwell's cvt.rs also takes 8 per FP4 value. Set with set_sr_bits (or
+# fp4.set_sr_bits); the kernels read it at launch.
 SR_BITS = 8
+
+
+def set_sr_bits(bits):
+    """Random bits per stochastic-rounding draw: 8 or 16."""
+    global SR_BITS
+    if bits not in fp4.SR_BITS_CHOICES:
+        raise ValueError(f"sr_bits must be one of {fp4.SR_BITS_CHOICES}, got {bits!r}")
+    SR_BITS = bits
+
+
+@contextlib.contextmanager
+def philox_rounds(rounds):
+    """Inside the block, SR draws use Philox4x32 with `rounds` rounds (benchmarks)."""
+    global PHILOX_ROUNDS
+    outer, PHILOX_ROUNDS = PHILOX_ROUNDS, int(rounds)
+    try:
+        yield
+    finally:
+        PHILOX_ROUNDS = outer
 
 
 def _spec(v):
@@ -1296,7 +1315,7 @@ def _as3(x, dim):
 def _prep(x, fmt, dim, rht):
     fmt = fp4.get_format(fmt)
     dim = dim % x.dim()
-    fp4._check_blockable(x, fmt, dim, rht)
+    fp4.check_blockable(x, fmt, dim, rht)
     return fmt, dim
 
 
@@ -1336,7 +1355,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant or
     (if packed) quantize returns for dim=1 and dim=0 with that side's format, rounding, RHT and
     seed, the same bits as those two calls. packed: a bool, or one per side (row, col)."""
-    fmt_r, fmt_c, rr, rc, pr, pc = fp4._both_args(x, fmt, fmt_col, rht, rht_col, packed)
+    fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
     row = _Side(fmt_r, rounding, rr, seed, x.device, pr)
     col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc)
     _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
@@ -1373,9 +1392,6 @@ def dequantize(q, dtype=None):
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
-_MM_CFG = None  # (BM, BN, BK, GROUP_M, num_warps, num_stages) override, for benchmarks
-
-
 def _mm_config(M, N, K, fa, fb):
     """(BM, BN, BK, GROUP_M, num_warps, num_stages) for operands of formats fa and fb.
     128 x 128 x 128 tiles of one warpgroup were
@@ -1384,8 +1400,6 @@ def _mm_config(M, N, K, fa, fb):
     (results/perf/session13/mm_tma3.txt, mm_tma4.txt, mm_ab2.txt, final_712674b/)."""
     if INTERPRET:
         return 32, 32, 64, 4, 4, 1
-    if _MM_CFG:
-        return _MM_CFG
     int4 = not all(_grid_meta_cached(f.grid)["E2M1"] for f in (fa, fb))
     return 128, 128, 128, 8, 4, 2 if int4 else 3
 
@@ -1439,7 +1453,7 @@ def _tma_descriptors(tensors, boxes):
     return [TensorDescriptor.from_tensor(t, list(box)) for t, box in zip(tensors, boxes)]
 
 
-def fp4_matmul(qa, qb, dtype=None):
+def fp4_matmul(qa, qb, dtype=None, _cfg=None):
     """a @ b^T for QTensors quantized along their last dim (qa: [M, K], qb: [N, K], both 2D):
     packed codes + block scales are dequantized to bf16 inside the GEMM's main loop, products
     accumulate in fp32, the tensor scales (NVFP4) divide the result. Returns [M, N] in dtype
@@ -1464,7 +1478,7 @@ def fp4_matmul(qa, qb, dtype=None):
     if not c.numel():
         return c if c.dtype == out_dtype else c.to(out_dtype)
     meta = _mm_meta(qa.fmt, qb.fmt, qa.tensor_scale is not None, qb.tensor_scale is not None)
-    BM, BN, BK, GM, nw, ns = _mm_config(M, N, K, qa.fmt, qb.fmt)
+    BM, BN, BK, GM, nw, ns = _cfg or _mm_config(M, N, K, qa.fmt, qb.fmt)
     BK = max(BK, qa.fmt.block, qb.fmt.block)
     # (both paths read codes with rows of K / 2 bytes: a view of padded or transposed codes is copied)
     operands = [qa.codes.contiguous(), _mm_scales(qa), qb.codes.contiguous(), _mm_scales(qb)]
