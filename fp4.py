@@ -6,8 +6,10 @@ Read top to bottom:
   2. rounding to a grid (RTNE, stochastic), block scales, pack/unpack -> quantize / dequantize
   3. the random Hadamard transform (RHT)
   4. recipes: per GEMM (Fprop, Dgrad, Wgrad) which format, RHT, SR
-  5. the quantized linear layer: the three GEMMs as one forward and one backward custom op
-     (opaque to torch.compile), shared by the dense layer and the grouped MoE experts; convert
+  5. the quantized linear layer: the backend switch (kernels_for, the one dispatch point to
+     kernels.py's Triton versions of section 2), the six operands of a layer call, the three
+     GEMMs as one forward and one backward custom op (opaque to torch.compile), shared by the
+     dense layer and the grouped MoE experts; convert
   6. shrinkage diagnostics: attenuation alpha, SQNR, bucket use, per-bin bias
 
 Conventions used everywhere:
@@ -485,33 +487,62 @@ def _qparams(gemm, recipe, sr, weight=False):
         fmt = replace(fmt, block_2d=True)
     return fmt, "sr" if sr else "rtne", recipe.rht_size if gemm.rht else None
 
-def _operand(t, gemm, recipe, dim, sr, seed, weight=False, dtype=torch.float32, probe=None,
-             packed=False):
-    """One GEMM operand as the GEMM sees it: fake-quantized along its reduction dim, or as is.
+class PerOperand(typing.NamedTuple):
+    """One value per quantized operand of a layer call, in the order of its six SR seeds: Fprop's
+    x and W, Dgrad's dy and W, Wgrad's dy and x. The names are probe_alphas()' operand names."""
+    fprop_x: typing.Any
+    fprop_w: typing.Any
+    dgrad_dy: typing.Any
+    dgrad_w: typing.Any
+    wgrad_dy: typing.Any
+    wgrad_x: typing.Any
+
+class Operand(typing.NamedTuple):
+    """How one GEMM operand is quantized: its name, its GEMM's settings, stochastic rounding or
+    not, its SR seed, and whether it is the weight (2D blocks under recipe.weight_2d)."""
+    name: str
+    gemm: Gemm
+    sr: bool
+    seed: typing.Any
+    weight: bool = False
+
+def _operands(recipe, seeds):
+    """The six operands of a layer call (a PerOperand of Operand) from its SR seeds (int64 [6]).
+    Each GEMM's operand a (x or dy) takes the GEMM's sr_a, operand b (W, or x in Wgrad) sr_b."""
+    f, d, g = recipe.fprop, recipe.dgrad, recipe.wgrad
+    seed = PerOperand(*seeds)
+    return PerOperand(Operand("fprop_x", f, f.sr_a, seed.fprop_x),
+                      Operand("fprop_w", f, f.sr_b, seed.fprop_w, weight=True),
+                      Operand("dgrad_dy", d, d.sr_a, seed.dgrad_dy),
+                      Operand("dgrad_w", d, d.sr_b, seed.dgrad_w, weight=True),
+                      Operand("wgrad_dy", g, g.sr_a, seed.wgrad_dy),
+                      Operand("wgrad_x", g, g.sr_b, seed.wgrad_x))
+
+def _operand(t, op, recipe, dim, dtype, tag, packed=False):
+    """Operand t as its GEMM sees it: fake-quantized along its reduction dim `dim`, or as is.
     packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit).
-    probe: (layer tag, operand name) under which probe_alphas() records this operand."""
-    if not gemm.fmt:
+    Inside probe_alphas() it is recorded under (layer tag, op.name)."""
+    if not op.gemm.fmt:
         return t.to(dtype)
-    fmt, rounding, rht = _qparams(gemm, recipe, sr, weight)
+    fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr, op.weight)
     if packed:
-        q = quantize(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed)
+        q = quantize(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=op.seed)
     else:
-        q = fake_quant(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, dtype=dtype)
-    if PROBE is not None and probe is not None:
-        _record_probe(probe, rht_transform(t, rht, dim) if rht else t,
+        q = fake_quant(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=op.seed, dtype=dtype)
+    if PROBE is not None:
+        _record_probe((tag, op.name), rht_transform(t, rht, dim) if rht else t,
                       dequantize(q, dtype) if packed else q)
     return q
 
-def _operand_pair(t, row, col, recipe, dtype, tag):
-    """_operand(t, ...) along dim -1 for `row` and along dim 0 for `col`, each (gemm, sr, seed,
-    packed, probe name): on the Triton path from one read of t (kernels.quantize_both, the same
-    bits as two calls) when both sides quantize; else two calls."""
-    (gr, sr_r, seed_r, pk_r, pb_r), (gc, sr_c, seed_c, pk_c, pb_c) = row, col
-    if gr.fmt and gc.fmt and PROBE is None and kernels_for(t):
-        (fr, rr, hr), (fc, rc, hc) = _qparams(gr, recipe, sr_r), _qparams(gc, recipe, sr_c)
-        return quantize_both(t, fr, fc, rr, rc, hr, hc, seed_r, seed_c, (pk_r, pk_c), dtype)
-    return (_operand(t, gr, recipe, -1, sr_r, seed_r, dtype=dtype, probe=(tag, pb_r), packed=pk_r),
-            _operand(t, gc, recipe, 0, sr_c, seed_c, dtype=dtype, probe=(tag, pb_c), packed=pk_c))
+def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False):
+    """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col):
+    on the Triton path from one read of t (kernels.quantize_both, the same bits as two calls)
+    when both sides quantize; else two calls."""
+    if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
+        (fr, rr, hr), (fc, rc, hc) = _qparams(row.gemm, recipe, row.sr), _qparams(col.gemm, recipe, col.sr)
+        return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype)
+    return (_operand(t, row, recipe, -1, dtype, tag),
+            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col))
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -548,103 +579,84 @@ def _mm(a, b, offs=None, fp32=False):
 def _group_ends(counts):
     return None if counts is None else torch.cumsum(counts, 0).to(torch.int32)
 
-def _wgrad_block(recipe):
+def _wgrad_padding(recipe, n_rows, counts, device):
+    """Wgrad quantizes x and dy in blocks along the tokens: (rows per block, rows after padding
+    to whole blocks). Experts pad each group (CUDA's grouped GEMM also wants 16-aligned groups),
+    to the static bound n_rows + E (multiple - 1): no host sync."""
     g = recipe.wgrad
-    return math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
-
-def _wgrad_multiple(recipe, counts, device):
-    """Rows per Wgrad block along the tokens (CUDA's grouped GEMM also wants 16-aligned groups)."""
-    blk = _wgrad_block(recipe)
-    return blk if counts is None else max(blk, 16 if device.type == "cuda" else 1)
-
-def _wgrad_length(n_rows, counts, multiple):
-    """Rows after padding; for experts the static bound n_rows + E (multiple - 1) (no host sync)."""
+    multiple = math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
     if counts is None:
-        return n_rows + (-n_rows % multiple)
-    return (n_rows + counts.shape[0] * (multiple - 1) + multiple - 1) // multiple * multiple
-
-def _padded_rows(counts, n_rows, multiple):
-    """Where each row goes when every group is padded to a multiple of `multiple` rows (so no
-    quantization block spans two experts), and the padded group ends."""
-    E = counts.numel()
-    padded = (counts + multiple - 1) // multiple * multiple
-    pad_start = torch.cumsum(padded, 0) - padded
-    start = torch.cumsum(counts, 0) - counts
-    group = torch.repeat_interleave(torch.arange(E, device=counts.device), counts, output_size=n_rows)
-    dest = torch.arange(n_rows, device=counts.device) - start[group] + pad_start[group]
-    return dest, torch.cumsum(padded, 0).to(torch.int32)
+        return multiple, n_rows + (-n_rows % multiple)
+    multiple = max(multiple, 16 if device.type == "cuda" else 1)
+    return multiple, (n_rows + counts.shape[0] * (multiple - 1) + multiple - 1) // multiple * multiple
 
 def _wgrad_rows(t, counts, recipe):
-    """Wgrad's operand t [T, n] (x or dy), whose blocks run along the tokens, padded with zero
-    rows to whole blocks: at the end (dense), or after each expert's group. Zero rows add nothing
-    to dW = dy^T x. Returns (padded t, padded group ends or None)."""
-    multiple = _wgrad_multiple(recipe, counts, t.device)
-    length = _wgrad_length(t.shape[0], counts, multiple)
+    """Wgrad's operand t [T, n] (x or dy) padded with zero rows to whole blocks: at the end
+    (dense), or after each expert's group (no block spans two experts). Zero rows add nothing to
+    dW = dy^T x. Returns (padded t, padded group ends or None)."""
+    multiple, length = _wgrad_padding(recipe, t.shape[0], counts, t.device)
     if counts is None:
         return (F.pad(t, (0, 0, 0, length - t.shape[0])) if length > t.shape[0] else t), None
-    dest, pad_offs = _padded_rows(counts, t.shape[0], multiple)
-    return t.new_zeros(length, t.shape[1]).index_copy_(0, dest, t), pad_offs
+    padded = (counts + multiple - 1) // multiple * multiple
+    ends = torch.cumsum(padded, 0)
+    group = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
+                                    output_size=t.shape[0])
+    start = torch.cumsum(counts, 0) - counts
+    dest = torch.arange(t.shape[0], device=counts.device) - start[group] + (ends - padded)[group]
+    return t.new_zeros(length, t.shape[1]).index_copy_(0, dest, t), ends.to(torch.int32)
 
 def _wgrad_dtype(x, dtype):
     return torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
 
 def _unpadded(t, counts, recipe, dtype):
-    """A dense layer's t [T, n] whose Wgrad side (blocks along T) needs no padding and no other
-    dtype: one tensor serves its row-wise and column-wise quantization (_operand_pair)."""
-    return counts is None and t.shape[0] % _wgrad_block(recipe) == 0 and _wgrad_dtype(t, dtype) == dtype
+    """A dense layer's t [T, n] whose Wgrad side needs no padding and no other dtype: one tensor
+    serves its row-wise and column-wise quantization (_operand_pair)."""
+    return (counts is None and _wgrad_padding(recipe, t.shape[0], None, t.device)[1] == t.shape[0]
+            and _wgrad_dtype(t, dtype) == dtype)
 
 def _packs_wgrad_x(recipe, pack_x):
     """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when asked to and Wgrad
     quantizes it."""
     return bool(pack_x and recipe.wgrad.fmt)
 
-# Six SR seeds per layer call, one per operand: Fprop x [0], W [1]; Dgrad dy [2], W [3]; Wgrad dy [4],
-# x [5] (Wgrad's x is quantized in _forward when it is saved packed, else in _backward).
-
 def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x) as a QTensor
     (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
-    f, g = recipe.fprop, recipe.wgrad
+    op = _operands(recipe, seeds)
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     if packs and _unpadded(x, counts, recipe, dtype):
-        xq, xw = _operand_pair(x, (f, f.sr_a, seeds[0], False, "fprop_x"),
-                               (g, g.sr_b, seeds[5], True, "wgrad_x"), recipe, dtype, tag)
+        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True)
     else:
-        xq = _operand(x, f, recipe, -1, f.sr_a, seeds[0], dtype=dtype, probe=(tag, "fprop_x"))
+        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag)
         if packs:
-            xw = _operand(_wgrad_rows(x, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
-                          dtype=_wgrad_dtype(x, dtype), probe=(tag, "wgrad_x"), packed=True)
-    wq = _operand(weight, f, recipe, -1, f.sr_b, seeds[1], weight=True, dtype=dtype,
-                  probe=(tag, "fprop_w"))
-    y = _mm(xq, wq.transpose(-1, -2), _group_ends(counts))
-    return y, xw
+            xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
+                          _wgrad_dtype(x, dtype), tag, packed=True)
+    wq = _operand(weight, op.fprop_w, recipe, -1, dtype, tag)
+    return _mm(xq, wq.transpose(-1, -2), _group_ends(counts)), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as the QTensor that forward saved."""
-    d, g = recipe.dgrad, recipe.wgrad
+    op = _operands(recipe, seeds)
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
-        dyq, dyq_w = _operand_pair(dy, (d, d.sr_a, seeds[2], False, "dgrad_dy"),
-                                   (g, g.sr_a, seeds[4], False, "wgrad_dy"), recipe, dtype, tag)
+        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag)
     elif need_dx:
-        dyq = _operand(dy, d, recipe, -1, d.sr_a, seeds[2], dtype=dtype, probe=(tag, "dgrad_dy"))
+        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag)
     if need_dx:
-        wq = _operand(weight, d, recipe, -2, d.sr_b, seeds[3], weight=True, dtype=dtype,
-                      probe=(tag, "dgrad_w"))
+        wq = _operand(weight, op.dgrad_w, recipe, -2, dtype, tag)
         dx = _mm(dyq, wq, _group_ends(counts)).to(x_dtype)
     if need_dw:
         wdtype = _wgrad_dtype(dy, dtype)
         dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
-        dyq = dyq_w if dyq_w is not None else _operand(dy_pad, g, recipe, 0, g.sr_a, seeds[4],
-                                                       dtype=wdtype, probe=(tag, "wgrad_dy"))
+        if dyq_w is None:
+            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag)
         if isinstance(x_or_q, QTensor):
             xq = dequantize(x_or_q, wdtype)
         else:
-            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
-                          dtype=wdtype, probe=(tag, "wgrad_x"))
-        dw = _mm(dyq.t(), xq, pad_offs, fp32=True).to(weight.dtype)
+            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag)
+        dw = _mm(dyq_w.t(), xq, pad_offs, fp32=True).to(weight.dtype)
     return dx, dw
 
 def _seed_device(x):
@@ -680,7 +692,7 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
                tag: str, pack_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
-    """-> y, the SR seeds (int64 [6], see _seed_device) and Wgrad's packed x: codes, scales,
+    """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
     tensor scale (empty tensors where there is none)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
@@ -700,7 +712,7 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x):
     if not _packs_wgrad_x(r, pack_x):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
-    n = _wgrad_length(x.shape[0], counts, _wgrad_multiple(r, counts, x.device))
+    n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
             empty() if fmt.scale == "e4m3" else empty(0))
 
