@@ -62,7 +62,7 @@ def main():
         """Median ms of fn's GPU work: by default the replay of fn captured in a CUDA graph, so the
         Python of each call (tens of microseconds for a quantize call) cannot leave the GPU idle
         inside the timed span; timed with a Python call per launch, the same kernel varied by up
-        to 1.7x within one process (results/perf/session9/spread.txt). graph=False: fn itself."""
+        to 1.7x within one process (docs/kernels.md, timing). graph=False: fn itself."""
         if warm:
             fn()
             torch.cuda.synchronize()

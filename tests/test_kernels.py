@@ -630,7 +630,7 @@ def test_packed_column_side_alone_on_16_bit_input(name):
 
 
 def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales(monkeypatch):
-    # results/perf/sr_tiles.md: 16-row tiles help e2m1's SR, hurt ufp4's and nvfp4's
+    # 16-row tiles help e2m1's SR, hurt ufp4's and nvfp4's (docs/kernels.md, tiles)
     x = randn(64, 128, seed=13)
     seen = []
     real, sig = kernels._tile, inspect.signature(kernels._tile)
