@@ -62,7 +62,7 @@ def main():
         """Median ms of fn's GPU work: by default the replay of fn captured in a CUDA graph, so the
         Python of each call (tens of microseconds for a quantize call) cannot leave the GPU idle
         inside the timed span; timed with a Python call per launch, the same kernel varied by up
-        to 1.7x within one process (results/perf/session9/spread.txt). graph=False: fn itself."""
+        to 1.7x within one process (docs/kernels.md, timing). graph=False: fn itself."""
         if warm:
             fn()
             torch.cuda.synchronize()
@@ -208,9 +208,7 @@ def main():
             cfgs = [None] if name != "ufp4" else [None, (128, 128, 128, 8, 4, 2), (128, 128, 64, 8, 4, 4),
                                                   (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3)]
             for cfg in cfgs:
-                kernels._MM_CFG = cfg
-                ms = bench(lambda: kernels.fp4_matmul(qa, qb, torch.bfloat16), rep=300)
-                kernels._MM_CFG = None
+                ms = bench(lambda: kernels.fp4_matmul(qa, qb, torch.bfloat16, _cfg=cfg), rep=300)
                 add("gemm", f"fp4_matmul {name} packed cfg {cfg or 'default'}", ms, "x bf16", ms_bf / ms,
                     ">=0.50", f"{fl / ms / 1e9:.0f} TFLOP/s")
                 best[name] = min(best.get(name, 1e9), ms)

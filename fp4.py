@@ -6,8 +6,10 @@ Read top to bottom:
   2. rounding to a grid (RTNE, stochastic), block scales, pack/unpack -> quantize / dequantize
   3. the random Hadamard transform (RHT)
   4. recipes: per GEMM (Fprop, Dgrad, Wgrad) which format, RHT, SR
-  5. the quantized linear layer: the three GEMMs as one forward and one backward custom op
-     (opaque to torch.compile), shared by the dense layer and the grouped MoE experts; convert
+  5. the quantized linear layer: the backend switch (kernels_for, the one dispatch point to
+     kernels.py's Triton versions of section 2), the six operands of a layer call, the three
+     GEMMs as one forward and one backward custom op (opaque to torch.compile), shared by the
+     dense layer and the grouped MoE experts; convert
   6. shrinkage diagnostics: attenuation alpha, SQNR, bucket use, per-bin bias
 
 Conventions used everywhere:
@@ -23,16 +25,12 @@ Conventions used everywhere:
 """
 import contextlib
 import math
-import sys
 import typing
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-if __name__ == "__main__":  # `import fp4` (kernels.py does) must find this module, not load a
-    sys.modules["fp4"] = sys.modules[__name__]  # second copy: its custom ops register once
 
 # -----------------------------------------------------------------------------
 # 1. Formats as data
@@ -102,7 +100,7 @@ def get_format(fmt):
 def _levels(grid, device):
     return torch.tensor(grid.levels, dtype=torch.float32, device=device)
 
-def _segments(grid):
+def grid_pieces(grid):
     """The grid as uniform pieces (start level, step, index of start): e2m1 is three of them."""
     q, out = grid.levels, []
     for i in range(len(q) - 1):
@@ -116,7 +114,7 @@ def round_to_grid(t, grid, rounding="rtne", generator=None):
     RTNE: nearest level, ties to the even index (= even mantissa for e2m1, even integer for int4);
     saturates at qmax. SR: between neighbours lo <= |t| < hi round up with prob (|t|-lo)/(hi-lo)."""
     a = t.abs().clamp_(max=grid.qmax)
-    segs = _segments(grid)
+    segs = grid_pieces(grid)
     start, step = segs[0][0], segs[0][1]
     if len(segs) > 1:   # piecewise uniform (e2m1): find each element's piece
         start, step = torch.full_like(a, start), torch.full_like(a, step)
@@ -187,7 +185,7 @@ class QTensor:
     dim: int        # blocked dim of the original tensor (non-negative)
     rht: int | None  # RHT size applied before quantizing (values stay in the rotated basis)
 
-def _check_blockable(x, fmt, dim, rht):
+def check_blockable(x, fmt, dim, rht):
     K = x.shape[dim]
     for n, what in ((fmt.block, f"block size of format {fmt.name!r}"), (rht or 1, "RHT size")):
         if K % n != 0:
@@ -224,9 +222,9 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
     int, or a one-element integer tensor (the Triton path reads it on the GPU without a sync)."""
     fmt = get_format(fmt)
     dim = dim % x.dim()
-    _check_blockable(x, fmt, dim, rht)
-    if _use_triton(x):
-        import kernels
+    check_blockable(x, fmt, dim, rht)
+    kernels = kernels_for(x)
+    if kernels:
         return kernels.quantize(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed)
     shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
     codes = grid_index(values.abs(), GRIDS[fmt.grid]) | (torch.signbit(values).to(torch.uint8) << 3)
@@ -243,8 +241,8 @@ def _blocked(t, fmt):
 
 def dequantize(q, dtype=None):
     """QTensor -> tensor of the original shape (in the RHT basis if q.rht), in q.dtype or `dtype`."""
-    if _use_triton(q.codes):
-        import kernels
+    kernels = kernels_for(q.codes)
+    if kernels:
         return kernels.dequantize(q, dtype)
     codes = unpack_codes(q.codes).long()
     mag = _levels(GRIDS[q.fmt.grid], codes.device)[codes & 7]
@@ -259,9 +257,9 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None)
     """dequantize(quantize(x, ...)), bit for bit, without packing: x as the 4-bit GEMM sees it."""
     fmt = get_format(fmt)
     dim = dim % x.dim()
-    _check_blockable(x, fmt, dim, rht)
-    if _use_triton(x):
-        import kernels
+    check_blockable(x, fmt, dim, rht)
+    kernels = kernels_for(x)
+    if kernels:
         return kernels.fake_quant(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, dtype=dtype)
     shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
     out = values.mul_(scales).reshape(shape)
@@ -269,7 +267,7 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None)
         out = out / s_enc
     return out.movedim(-1, dim).to(dtype or x.dtype)
 
-def _both_args(x, fmt, fmt_col, rht, rht_col, packed):
+def quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed):
     """quantize_both's arguments checked and resolved: (row fmt, col fmt, row RHT, col RHT,
     row packed, col packed)."""
     if x.dim() != 2:
@@ -277,8 +275,8 @@ def _both_args(x, fmt, fmt_col, rht, rht_col, packed):
     fmt = get_format(fmt)
     fmt_col = get_format(fmt_col) if fmt_col is not None else fmt
     rht_col = rht if rht_col == "same" else rht_col
-    _check_blockable(x, fmt, 1, rht)
-    _check_blockable(x, fmt_col, 0, rht_col)
+    check_blockable(x, fmt, 1, rht)
+    check_blockable(x, fmt_col, 0, rht_col)
     pr, pc = (packed, packed) if isinstance(packed, bool) else tuple(packed)
     return fmt, fmt_col, rht, rht_col, pr, pc
 
@@ -288,9 +286,9 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     each side with its own format, rounding, RHT and seed (fmt_col, rounding_col: the row side's
     unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, or quantize's
     where `packed` (a bool, or one per side) says so. Here two calls; kernels.py reads x once."""
-    fmt, fmt_col, rht, rht_col, pr, pc = _both_args(x, fmt, fmt_col, rht, rht_col, packed)
-    if _use_triton(x):
-        import kernels
+    fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
+    kernels = kernels_for(x)
+    if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
                                      seed_col, (pr, pc), dtype)
     sides = ((fmt, rounding, rht, seed, pr, 1), (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, 0))
@@ -443,6 +441,7 @@ def check_dims(recipe, *dims):
 # (Python that a replay skips).
 
 BACKEND = "auto"  # "torch" (this file), "triton" (kernels.py on CUDA), "auto": triton on CUDA
+SR_BITS_CHOICES = (8, 16)
 
 def set_backend(name):
     global BACKEND
@@ -450,17 +449,36 @@ def set_backend(name):
         raise ValueError(f"unknown backend {name!r}; valid: 'auto', 'torch', 'triton'")
     BACKEND = name
 
-def _use_triton(x):
-    """The one dispatch point between this reference and kernels.py."""
-    if BACKEND == "torch" or not x.is_cuda:
-        return False
+def set_sr_bits(bits):
+    """Random bits per stochastic-rounding draw in the Triton kernels: 8 or 16 (the torch
+    reference draws fp32 uniforms; docs/formats.md on SR)."""
+    if bits not in SR_BITS_CHOICES:
+        raise ValueError(f"sr_bits must be one of {SR_BITS_CHOICES}, got {bits!r}")
+    kernels = _import_kernels()
+    if kernels:
+        kernels.set_sr_bits(bits)
+
+def _import_kernels():
+    """kernels.py, or None where it cannot be imported (BACKEND 'triton' raises). The only import
+    of it here, and a lazy one: kernels.py imports this file."""
     try:
-        import kernels  # noqa: F401
+        import kernels
     except ImportError:
         if BACKEND == "triton":
             raise
-        return False
-    return getattr(kernels, "AVAILABLE", False) or BACKEND == "triton"
+        return None
+    return kernels
+
+def kernels_for(x):
+    """The one dispatch point between this reference and kernels.py: the kernels module when
+    tensor x is to be processed by it (a CUDA tensor, triton available, backend not 'torch'),
+    else None."""
+    if BACKEND == "torch" or not x.is_cuda:
+        return None
+    kernels = _import_kernels()
+    if kernels and (kernels.AVAILABLE or BACKEND == "triton"):
+        return kernels
+    return None
 
 def _qparams(gemm, recipe, sr, weight=False):
     """(format, rounding, RHT size) of one GEMM operand under the recipe."""
@@ -469,33 +487,62 @@ def _qparams(gemm, recipe, sr, weight=False):
         fmt = replace(fmt, block_2d=True)
     return fmt, "sr" if sr else "rtne", recipe.rht_size if gemm.rht else None
 
-def _operand(t, gemm, recipe, dim, sr, seed, weight=False, dtype=torch.float32, probe=None,
-             packed=False):
-    """One GEMM operand as the GEMM sees it: fake-quantized along its reduction dim, or as is.
+class PerOperand(typing.NamedTuple):
+    """One value per quantized operand of a layer call, in the order of its six SR seeds: Fprop's
+    x and W, Dgrad's dy and W, Wgrad's dy and x. The names are probe_alphas()' operand names."""
+    fprop_x: typing.Any
+    fprop_w: typing.Any
+    dgrad_dy: typing.Any
+    dgrad_w: typing.Any
+    wgrad_dy: typing.Any
+    wgrad_x: typing.Any
+
+class Operand(typing.NamedTuple):
+    """How one GEMM operand is quantized: its name, its GEMM's settings, stochastic rounding or
+    not, its SR seed, and whether it is the weight (2D blocks under recipe.weight_2d)."""
+    name: str
+    gemm: Gemm
+    sr: bool
+    seed: typing.Any
+    weight: bool = False
+
+def _operands(recipe, seeds):
+    """The six operands of a layer call (a PerOperand of Operand) from its SR seeds (int64 [6]).
+    Each GEMM's operand a (x or dy) takes the GEMM's sr_a, operand b (W, or x in Wgrad) sr_b."""
+    f, d, g = recipe.fprop, recipe.dgrad, recipe.wgrad
+    seed = PerOperand(*seeds)
+    return PerOperand(Operand("fprop_x", f, f.sr_a, seed.fprop_x),
+                      Operand("fprop_w", f, f.sr_b, seed.fprop_w, weight=True),
+                      Operand("dgrad_dy", d, d.sr_a, seed.dgrad_dy),
+                      Operand("dgrad_w", d, d.sr_b, seed.dgrad_w, weight=True),
+                      Operand("wgrad_dy", g, g.sr_a, seed.wgrad_dy),
+                      Operand("wgrad_x", g, g.sr_b, seed.wgrad_x))
+
+def _operand(t, op, recipe, dim, dtype, tag, packed=False):
+    """Operand t as its GEMM sees it: fake-quantized along its reduction dim `dim`, or as is.
     packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit).
-    probe: (layer tag, operand name) under which probe_alphas() records this operand."""
-    if not gemm.fmt:
+    Inside probe_alphas() it is recorded under (layer tag, op.name)."""
+    if not op.gemm.fmt:
         return t.to(dtype)
-    fmt, rounding, rht = _qparams(gemm, recipe, sr, weight)
+    fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr, op.weight)
     if packed:
-        q = quantize(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed)
+        q = quantize(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=op.seed)
     else:
-        q = fake_quant(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, dtype=dtype)
-    if PROBE is not None and probe is not None:
-        _record_probe(probe, rht_transform(t, rht, dim) if rht else t,
+        q = fake_quant(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=op.seed, dtype=dtype)
+    if PROBE is not None:
+        _record_probe((tag, op.name), rht_transform(t, rht, dim) if rht else t,
                       dequantize(q, dtype) if packed else q)
     return q
 
-def _operand_pair(t, row, col, recipe, dtype, tag):
-    """_operand(t, ...) along dim -1 for `row` and along dim 0 for `col`, each (gemm, sr, seed,
-    packed, probe name): on the Triton path from one read of t (kernels.quantize_both, the same
-    bits as two calls) when both sides quantize; else two calls."""
-    (gr, sr_r, seed_r, pk_r, pb_r), (gc, sr_c, seed_c, pk_c, pb_c) = row, col
-    if gr.fmt and gc.fmt and PROBE is None and _use_triton(t):
-        (fr, rr, hr), (fc, rc, hc) = _qparams(gr, recipe, sr_r), _qparams(gc, recipe, sr_c)
-        return quantize_both(t, fr, fc, rr, rc, hr, hc, seed_r, seed_c, (pk_r, pk_c), dtype)
-    return (_operand(t, gr, recipe, -1, sr_r, seed_r, dtype=dtype, probe=(tag, pb_r), packed=pk_r),
-            _operand(t, gc, recipe, 0, sr_c, seed_c, dtype=dtype, probe=(tag, pb_c), packed=pk_c))
+def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False):
+    """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col):
+    on the Triton path from one read of t (kernels.quantize_both, the same bits as two calls)
+    when both sides quantize; else two calls."""
+    if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
+        (fr, rr, hr), (fc, rc, hc) = _qparams(row.gemm, recipe, row.sr), _qparams(col.gemm, recipe, col.sr)
+        return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype)
+    return (_operand(t, row, recipe, -1, dtype, tag),
+            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col))
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -532,109 +579,90 @@ def _mm(a, b, offs=None, fp32=False):
 def _group_ends(counts):
     return None if counts is None else torch.cumsum(counts, 0).to(torch.int32)
 
-def _wgrad_block(recipe):
+def _wgrad_padding(recipe, n_rows, counts, device):
+    """Wgrad quantizes x and dy in blocks along the tokens: (rows per block, rows after padding
+    to whole blocks). Experts pad each group (CUDA's grouped GEMM also wants 16-aligned groups),
+    to the static bound n_rows + E (multiple - 1): no host sync."""
     g = recipe.wgrad
-    return math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
-
-def _wgrad_multiple(recipe, counts, device):
-    """Rows per Wgrad block along the tokens (CUDA's grouped GEMM also wants 16-aligned groups)."""
-    blk = _wgrad_block(recipe)
-    return blk if counts is None else max(blk, 16 if device.type == "cuda" else 1)
-
-def _wgrad_length(n_rows, counts, multiple):
-    """Rows after padding; for experts the static bound n_rows + E (multiple - 1) (no host sync)."""
+    multiple = math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
     if counts is None:
-        return n_rows + (-n_rows % multiple)
-    return (n_rows + counts.shape[0] * (multiple - 1) + multiple - 1) // multiple * multiple
-
-def _padded_rows(counts, n_rows, multiple):
-    """Where each row goes when every group is padded to a multiple of `multiple` rows (so no
-    quantization block spans two experts), and the padded group ends."""
-    E = counts.numel()
-    padded = (counts + multiple - 1) // multiple * multiple
-    pad_start = torch.cumsum(padded, 0) - padded
-    start = torch.cumsum(counts, 0) - counts
-    group = torch.repeat_interleave(torch.arange(E, device=counts.device), counts, output_size=n_rows)
-    dest = torch.arange(n_rows, device=counts.device) - start[group] + pad_start[group]
-    return dest, torch.cumsum(padded, 0).to(torch.int32)
+        return multiple, n_rows + (-n_rows % multiple)
+    multiple = max(multiple, 16 if device.type == "cuda" else 1)
+    return multiple, (n_rows + counts.shape[0] * (multiple - 1) + multiple - 1) // multiple * multiple
 
 def _wgrad_rows(t, counts, recipe):
-    """Wgrad's operand t [T, n] (x or dy), whose blocks run along the tokens, padded with zero
-    rows to whole blocks: at the end (dense), or after each expert's group. Zero rows add nothing
-    to dW = dy^T x. Returns (padded t, padded group ends or None)."""
-    multiple = _wgrad_multiple(recipe, counts, t.device)
-    length = _wgrad_length(t.shape[0], counts, multiple)
+    """Wgrad's operand t [T, n] (x or dy) padded with zero rows to whole blocks: at the end
+    (dense), or after each expert's group (no block spans two experts). Zero rows add nothing to
+    dW = dy^T x. Returns (padded t, padded group ends or None)."""
+    multiple, length = _wgrad_padding(recipe, t.shape[0], counts, t.device)
     if counts is None:
         return (F.pad(t, (0, 0, 0, length - t.shape[0])) if length > t.shape[0] else t), None
-    dest, pad_offs = _padded_rows(counts, t.shape[0], multiple)
-    return t.new_zeros(length, t.shape[1]).index_copy_(0, dest, t), pad_offs
+    padded = (counts + multiple - 1) // multiple * multiple
+    ends = torch.cumsum(padded, 0)
+    group = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
+                                    output_size=t.shape[0])
+    start = torch.cumsum(counts, 0) - counts
+    dest = torch.arange(t.shape[0], device=counts.device) - start[group] + (ends - padded)[group]
+    return t.new_zeros(length, t.shape[1]).index_copy_(0, dest, t), ends.to(torch.int32)
 
 def _wgrad_dtype(x, dtype):
     return torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
 
 def _unpadded(t, counts, recipe, dtype):
-    """A dense layer's t [T, n] whose Wgrad side (blocks along T) needs no padding and no other
-    dtype: one tensor serves its row-wise and column-wise quantization (_operand_pair)."""
-    return counts is None and t.shape[0] % _wgrad_block(recipe) == 0 and _wgrad_dtype(t, dtype) == dtype
+    """A dense layer's t [T, n] whose Wgrad side needs no padding and no other dtype: one tensor
+    serves its row-wise and column-wise quantization (_operand_pair)."""
+    return (counts is None and _wgrad_padding(recipe, t.shape[0], None, t.device)[1] == t.shape[0]
+            and _wgrad_dtype(t, dtype) == dtype)
 
 def _packs_wgrad_x(recipe, pack_x):
     """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when asked to and Wgrad
     quantizes it."""
     return bool(pack_x and recipe.wgrad.fmt)
 
-# Six SR seeds per layer call, one per operand: Fprop x [0], W [1]; Dgrad dy [2], W [3]; Wgrad dy [4],
-# x [5] (Wgrad's x is quantized in _forward when it is saved packed, else in _backward).
-
 def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x) as a QTensor
     (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
-    f, g = recipe.fprop, recipe.wgrad
+    op = _operands(recipe, seeds)
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     if packs and _unpadded(x, counts, recipe, dtype):
-        xq, xw = _operand_pair(x, (f, f.sr_a, seeds[0], False, "fprop_x"),
-                               (g, g.sr_b, seeds[5], True, "wgrad_x"), recipe, dtype, tag)
+        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True)
     else:
-        xq = _operand(x, f, recipe, -1, f.sr_a, seeds[0], dtype=dtype, probe=(tag, "fprop_x"))
+        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag)
         if packs:
-            xw = _operand(_wgrad_rows(x, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
-                          dtype=_wgrad_dtype(x, dtype), probe=(tag, "wgrad_x"), packed=True)
-    wq = _operand(weight, f, recipe, -1, f.sr_b, seeds[1], weight=True, dtype=dtype,
-                  probe=(tag, "fprop_w"))
-    y = _mm(xq, wq.transpose(-1, -2), _group_ends(counts))
-    return y, xw
+            xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
+                          _wgrad_dtype(x, dtype), tag, packed=True)
+    wq = _operand(weight, op.fprop_w, recipe, -1, dtype, tag)
+    return _mm(xq, wq.transpose(-1, -2), _group_ends(counts)), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as the QTensor that forward saved."""
-    d, g = recipe.dgrad, recipe.wgrad
+    op = _operands(recipe, seeds)
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
-        dyq, dyq_w = _operand_pair(dy, (d, d.sr_a, seeds[2], False, "dgrad_dy"),
-                                   (g, g.sr_a, seeds[4], False, "wgrad_dy"), recipe, dtype, tag)
+        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag)
     elif need_dx:
-        dyq = _operand(dy, d, recipe, -1, d.sr_a, seeds[2], dtype=dtype, probe=(tag, "dgrad_dy"))
+        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag)
     if need_dx:
-        wq = _operand(weight, d, recipe, -2, d.sr_b, seeds[3], weight=True, dtype=dtype,
-                      probe=(tag, "dgrad_w"))
+        wq = _operand(weight, op.dgrad_w, recipe, -2, dtype, tag)
         dx = _mm(dyq, wq, _group_ends(counts)).to(x_dtype)
     if need_dw:
         wdtype = _wgrad_dtype(dy, dtype)
         dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
-        dyq = dyq_w if dyq_w is not None else _operand(dy_pad, g, recipe, 0, g.sr_a, seeds[4],
-                                                       dtype=wdtype, probe=(tag, "wgrad_dy"))
+        if dyq_w is None:
+            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag)
         if isinstance(x_or_q, QTensor):
             xq = dequantize(x_or_q, wdtype)
         else:
-            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], g, recipe, 0, g.sr_b, seeds[5],
-                          dtype=wdtype, probe=(tag, "wgrad_x"))
-        dw = _mm(dyq.t(), xq, pad_offs, fp32=True).to(weight.dtype)
+            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag)
+        dw = _mm(dyq_w.t(), xq, pad_offs, fp32=True).to(weight.dtype)
     return dx, dw
 
 def _seed_device(x):
     """Where a layer's SR seeds live: the GPU for the Triton kernels (they read them there), the
     CPU for the torch reference (which int()s them: free on the CPU, a host sync on the GPU)."""
-    return x.device if _use_triton(x) else torch.device("cpu")
+    return x.device if kernels_for(x) else torch.device("cpu")
 
 def _sr_seed(recipe, device):
     """The six SR seeds of one layer call (int64 [6]), from torch's generator of `device`
@@ -664,7 +692,7 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
                tag: str, pack_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
-    """-> y, the SR seeds (int64 [6], see _seed_device) and Wgrad's packed x: codes, scales,
+    """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
     tensor scale (empty tensors where there is none)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
@@ -684,7 +712,7 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x):
     if not _packs_wgrad_x(r, pack_x):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
-    n = _wgrad_length(x.shape[0], counts, _wgrad_multiple(r, counts, x.device))
+    n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
             empty() if fmt.scale == "e4m3" else empty(0))
 

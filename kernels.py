@@ -1,34 +1,46 @@
 """
-kernels.py: Triton versions of fp4.py's quantizers, a dequantizer and a GEMM over packed 4-bit
+kernels.py: Triton versions of fp4.py's quantizers, its dequantizer, and a GEMM over packed 4-bit
 operands. Same signatures and meaning as fp4.py; with RTNE the same bits (codes, scales,
 dequantized values); stochastic rounding draws its own random numbers (same distribution).
+fp4.py calls them through its one dispatch point, fp4.kernels_for(x) (CUDA tensors, triton
+available, backend not 'torch'); this file imports fp4.py, never the other way round.
 
-  quantize(x, fmt, dim, rounding, rht, seed)               -> fp4.QTensor (packed codes + scales)
-  fake_quant(x, fmt, dim, rounding, rht, seed, dtype)      -> dequantize(quantize(x)), one pass
-  quantize_both(x, fmt, ...)                                -> row-wise and column-wise results of a
-                                                               2D tensor from one read of it
-  dequantize(q, dtype)                                      -> tensor in the original layout
-  fp4_matmul(qa, qb, dtype)                                 -> a @ b^T from packed operands
+  quantize(x, fmt, dim, rounding, rht, seed)           -> fp4.QTensor (packed codes + scales)
+  fake_quant(x, fmt, dim, rounding, rht, seed, dtype)  -> dequantize(quantize(x)) in one pass
+  quantize_both(x, fmt, ...)                           -> a 2D tensor's row-wise and column-wise
+                                                          results from one read of it
+  dequantize(q, dtype)                                 -> tensor in the original layout
+  fp4_matmul(qa, qb, dtype)                            -> a @ b^T from packed operands
+  set_sr_bits(bits), philox_rounds(n)                  -> SR's random bits per draw (8 or 16);
+                                                          Philox rounds (a context, benchmarks)
 
-How a tile is quantized (one program, `_quant_tile`): load [R, C] -> optional RHT butterfly in the
-reference's add order -> block amax (NaN/Inf flagged separately: Triton's max may drop NaN) ->
-block scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale
-(exact for RTNE, a product for SR) -> round to the grid (RTNE by float arithmetic, or SR as
-floor(k + u) with SR_BITS = 8 Philox bits per element) -> code, dequantized value. NVFP4's tensor amax
-(after RHT) comes from a first pass, `_amax_kernel` (both orientations in one read when both are
-wanted; a side without RHT takes max |x| of the other side's loads), one atomic max per program
-and output (no host sync). The kernels are issue-bound on the H200:
-`scripts/sass_count.py` counts their instructions per element without a GPU. No kernel converts
-int <-> float or rounds to an integer per element, only per block (I2F, F2I, FRND run at 1/8 of
-the fp32 rate there): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the
-GEMM dequantizes E2M1 codes with e4m3 / e8m0 scales and int4 codes with a few lines of PTX
-(bf16x2 pairs; _dequant_operand); other grids, and everything in the interpreter, run Triton.
-fp32 -> bf16 casts happen on the GPU in the kernel (hardware RNE); under TRITON_INTERPRET the
-kernel writes fp32 and torch casts (the interpreter truncates).
+What runs where. On Hopper (the H200) training runs its GEMMs on fake-quantized bf16 operands
+through cuBLAS: each operand is quantized and dequantized in one fused kernel (fake_quant,
+quantize_both), then torch.mm / torch._grouped_mm multiply; Wgrad's x is kept packed between
+forward and backward (quantize, then dequantize). fp4_matmul, the packed GEMM that dequantizes
+in its main loop, is not on the training path: Hopper has no FP4 tensor cores, so the dequantize
+competes with the bf16 MMA for the same SMs and the GEMM reaches about 0.5x cuBLAS. It would pay
+on hardware with native block-scaled FP4 MMA (which takes codes and scales as they are), or where
+a GEMM is memory-bound (small batches: 4-bit operands move a quarter of bf16's bytes).
+docs/kernels.md has the measurements.
 
-AVAILABLE is True when triton imports and a CUDA device exists; fp4.py's dispatch uses it.
-Under TRITON_INTERPRET=1 the same functions run on CPU tensors (what CI tests).
+Sections: 1. device helpers, 2. host helpers, 3. quantize, 4. dequantize, 5. the packed GEMM.
+How a tile is quantized (_quant_tile, one per program): load [R, C] -> optional RHT butterfly in
+the reference's add order -> block amax (NaN/Inf flagged: Triton's max may drop NaN) -> block
+scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale (exact
+for RTNE, a product for SR) -> round to the grid (RTNE by float arithmetic, SR as floor(k + u)
+with SR_BITS Philox bits per element) -> code and dequantized value. NVFP4's tensor amax comes
+from a first pass (_amax_kernel, no host sync). The kernels are bound by instruction issue, so
+no kernel converts int <-> float or rounds to an integer per element (those run at 1/8 of the
+fp32 rate): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the GEMM
+dequantizes with a few lines of PTX (_dequant_operand). fp32 -> bf16 casts happen in the kernel
+on the GPU (hardware RNE); under TRITON_INTERPRET the kernel writes fp32 and torch casts (the
+interpreter truncates).
+
+AVAILABLE is True when triton imports and a CUDA device exists. Under TRITON_INTERPRET=1 the
+same functions run on CPU tensors (what the tests run).
 """
+import contextlib
 import functools
 import math
 import os
@@ -57,13 +69,36 @@ except ImportError:  # the module still imports: fp4.py falls back to its torch 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AVAILABLE = HAVE_TRITON and torch.cuda.is_available()
 
-_SCALE_ID = {"fp32": 0, "e4m3": 1, "e8m0": 2}
-ROWLOAD = None  # row load mode for explicit 3-tuple tile configs (benchmarks); see _tile
-_FLT_MAX = 3.4028234663852886e38
+PHILOX_ROUNDS = 10  # Philox4x32 rounds per call: Random123's default (docs/kernels.md on SR)
+# Random bits per SR draw: 8 (16 draws per Philox call) or 16 (8 per call). With b bits an element
+# k + f rounds up with probability round(2^b f) / 2^b: |bias| <= 2^-(b+1) of a grid step, and
+# f < 2^-(b+1) never rounds up (2^-9 of a step at 8 bits). 8 is the design point (within about
+# 20 % of RTNE); Blackwell's cvt.rs also takes 8 per FP4 value. Set with set_sr_bits (or
+# fp4.set_sr_bits); the kernels read it at launch.
+SR_BITS = 8
+
+
+def set_sr_bits(bits):
+    """Random bits per stochastic-rounding draw: 8 or 16."""
+    global SR_BITS
+    if bits not in fp4.SR_BITS_CHOICES:
+        raise ValueError(f"sr_bits must be one of {fp4.SR_BITS_CHOICES}, got {bits!r}")
+    SR_BITS = bits
+
+
+@contextlib.contextmanager
+def philox_rounds(rounds):
+    """Inside the block, SR draws use Philox4x32 with `rounds` rounds (benchmarks)."""
+    global PHILOX_ROUNDS
+    outer, PHILOX_ROUNDS = PHILOX_ROUNDS, int(rounds)
+    try:
+        yield
+    finally:
+        PHILOX_ROUNDS = outer
+
 
 # -----------------------------------------------------------------------------
-# Device helpers
-
+# 1. Device helpers: bit tricks in place of slow conversions, the RHT butterfly, random bits
 
 @triton.jit
 def _bfly(y, T: tl.constexpr, H: tl.constexpr):
@@ -214,6 +249,153 @@ def _floor_m1(x):
     else:
         return libdevice.add_rz(x, 8388608.0) - 8388609.0
 
+
+# -----------------------------------------------------------------------------
+# 2. Host helpers: formats as kernel constants, seeds, launching
+
+_SCALE_ID = {"fp32": 0, "e4m3": 1, "e8m0": 2}
+_SIGNS = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _smask(n):
+    """The RHT signs of size n as bits (bit j set: sign -1), or -1 to load them (n > 32)."""
+    if not n or n > 32:
+        return -1
+    return sum(1 << j for j, v in enumerate(fp4.rht_signs(n).tolist()) if v < 0)
+
+
+def _signs(n, device, dummy):
+    """The RHT signs as a tensor on the device, for kernels that load them (n > 32); else dummy.
+    Cached, and made on a helper thread: the first call may come during a CUDA-graph warm-up,
+    whose memory pool takes this thread's allocations and must not own a tensor kept for later."""
+    if _smask(n) != -1:
+        return dummy
+    key = (n, str(device))
+    if key not in _SIGNS:
+        if device.type != "cuda":
+            _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
+        else:
+            def make():
+                _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
+                torch.cuda.synchronize(device)  # ready before any stream of this thread reads it
+            helper = threading.Thread(target=make)
+            helper.start()
+            helper.join()
+    return _SIGNS[key]
+
+
+@functools.lru_cache(maxsize=None)
+def _grid_meta_cached(grid_name):
+    return _grid_meta_uncached(grid_name)
+
+
+def _grid_meta(grid_name):
+    return dict(_grid_meta_cached(grid_name))
+
+
+def _grid_meta_uncached(grid_name):
+    grid = fp4.GRIDS[grid_name]
+    segs = fp4.grid_pieces(grid)
+    if len(segs) > 3 or grid.levels[0] != 0.0 or len(grid.levels) != 8:
+        raise ValueError(f"grid {grid_name!r}: kernels handle 8 levels from 0 in at most 3 pieces")
+    for _, st, _ in segs:
+        if math.frexp(st)[0] != 0.5:
+            raise ValueError(f"grid {grid_name!r}: steps must be powers of two")
+    pad = segs + [(grid.qmax, 1.0, 8)] * (3 - len(segs))
+    return dict(E2M1=grid.levels == fp4.GRIDS["e2m1"].levels,  # (kernels decode it from bits)
+                NSEG=len(segs), S1=float(pad[1][0]), S2=float(pad[2][0]), ST0=float(pad[0][1]),
+                ST1=float(pad[1][1]), ST2=float(pad[2][1]), I1=int(pad[1][2]), I2=int(pad[2][2]))
+
+
+def _side_meta(fmt, rounding, rht, p):
+    return dict(_side_meta_cached(fmt, rounding, rht, p))
+
+
+@functools.lru_cache(maxsize=None)
+def _side_meta_cached(fmt, rounding, rht, p):
+    if rounding not in ("rtne", "sr"):
+        raise ValueError(f"unknown rounding {rounding!r}; valid: 'rtne', 'sr'")
+    if rht and rht not in fp4.RHT_SIZES:
+        raise ValueError(f"RHT size must be one of {fp4.RHT_SIZES}, got {rht}")
+    grid = fp4.GRIDS[fmt.grid]
+    m = dict(QMAX=float(grid.qmax), EMAX=int(math.floor(math.log2(grid.qmax))),
+             BLOCK=fmt.block, SCALE=_SCALE_ID[fmt.scale], B2D=bool(fmt.block_2d),
+             SR=rounding == "sr", RHT=int(rht or 0), INV=float(1.0 / math.sqrt(rht or 1)),
+             G=max(16, fmt.block), SMASK=_smask(rht))
+    m.update(_grid_meta(fmt.grid))
+    return {p + k: v for k, v in m.items()}
+
+
+def _off_meta(p):
+    return {p + "QMAX": 1.0, p + "EMAX": 0, p + "E2M1": False, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
+            p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
+            p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
+            p + "INV": 1.0, p + "G": 16, p + "SMASK": -1, p + "SEEDPTR": False, p + "FAKE": False,
+            p + "PACKED": False}
+
+
+def _seed(seed, device):
+    """An int, or a one-element integer tensor on the device (read by the kernel: no host sync,
+    and a CUDA graph replays whatever value it holds then; values in [0, 2^31 - 1) give the same
+    random bits as that int)."""
+    if seed is None:  # like the reference: drawn from torch's global (CPU) generator
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    if isinstance(seed, torch.Tensor):
+        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex:
+            raise ValueError(f"a tensor seed must be one integer, got {seed.dtype} {tuple(seed.shape)}")
+        if seed.device == device:
+            return seed.reshape(()).to(torch.int64)
+        seed = int(seed)
+    return int(seed) % (2**31 - 1)
+
+
+def _cdiv(a, b):  # triton.cdiv costs microseconds of host time per call (constexpr unwrapping)
+    return -(-a // b)
+
+
+def _pow2_at_least(n, lo):
+    return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
+
+
+_FAST = {}
+
+
+def _spec(v):
+    """What Triton specializes a launch argument on (ints: ==1, %16, 64-bit; pointers: 16-byte
+    alignment, dtype), so a cached compiled kernel is only reused where Triton would reuse it."""
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, int):
+        return ("i", v == 1, v % 16 == 0, -2**31 <= v < 2**31)
+    return (type(v),)
+
+
+def _launch(kernel, grid, args, meta, meta_key=None):
+    """kernel[grid](*args, **meta), but later calls with the same specialization launch the
+    compiled kernel directly (Triton's generic launch path costs tens of microseconds of host
+    time per call, which dominates small tensors). meta_key: tuple(sorted(meta.items())), if the
+    caller has it cached."""
+    if INTERPRET:
+        kernel[grid](*args, **meta)
+        return
+    key = (kernel, args[0].device.index, meta_key or tuple(sorted(meta.items())),
+           tuple(_spec(v) for v in args))
+    ck = _FAST.get(key)
+    if ck is None:
+        ck = kernel[grid](*args, **meta)
+        if ck is not None:
+            names = kernel.arg_names[len(args):]
+            _FAST[key] = (ck, [meta[n] for n in names])
+        return
+    ck, tail = ck
+    ck[grid](*args, *tail)
+
+
+# -----------------------------------------------------------------------------
+# 3. Quantize (fp4.quantize, fake_quant, quantize_both): one tile per program
 
 @triton.jit
 def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
@@ -666,9 +848,8 @@ def _amax_kernel(x_ptr, r_part, c_part, M, N, r_signs, c_signs, BM: tl.constexpr
         acc = tl.zeros([BN, BM], tl.float32)
     if DO_ROW:
         plain = acc
-    else:  # reduced per tile: a second elementwise accumulator beside column loads took 96
-        # registers per thread, not 80 (triton 3.6; 64 in 3.9), 9-14 % slower (row loads: the
-        # other way round; session11/amax_plain_ab.txt, amax_regs.txt)
+    else:  # reduced per tile: a second elementwise accumulator beside column loads costs
+        # registers and time (docs/kernels.md, the amax pass)
         plain = tl.full((), 0.0, tl.float32)
     acc_c = tl.zeros([BN, BM], tl.float32)
     for t in range(TILES):
@@ -712,6 +893,260 @@ def _atomic_amax(part, v):
 def _atomic_max_bits(part, m):
     tl.atomic_max(part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
 
+
+def _need(fmt, rht):
+    return math.lcm(fmt.block, rht or 1)
+
+
+def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, row_2d=False):
+    """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
+    G-group, RHT), BM of what the column side needs; about 32 elements per thread. cfg: an
+    explicit (BM, BN, warps[, mode]) (benchmarks; mode 1 when left out). The choices below are the
+    fastest measured per case (docs/kernels.md, tiles): row alone: the widest of 2048, 1024, 512
+    that divides N, in 4096-element tiles with whole G-groups per thread (mode 0; row_2d keeps 512,
+    wider spills registers); both sides fake (dy): 16 x 256; a packed side (x): 64 x 64; a packed
+    column side alone: 128 x 64; a fake column side alone: 16 x 256; heavy (SR on a grid of
+    several pieces with fp32 scales): 16-row tiles. fp32 inputs take plain loads (mode 1): mode 0
+    miscompiled for them on sm_90. _run adjusts two choices for 32-element groups."""
+    if cfg:
+        return tuple(cfg) + ((1,) if len(cfg) == 3 else ())  # (default: plain row loads)
+    if row and not col and esize == 2:  # (verified on 16-bit inputs; fp32 inputs take the plain load)
+        for BN in (512,) if row_2d else (2048, 1024, 512):
+            if N % BN == 0 and BN % row == 0:
+                return 4096 // BN, BN, 4, 0
+    if row and col and esize == 2 and not packed and N % 256 == 0 and 256 % row == 0 and 16 % col == 0:
+        return 16, 256, 4, 0
+    if row and col and esize == 2 and packed and N % 64 == 0 and 64 % row == 0 and 64 % col == 0:
+        return 64, 64, 4, 1
+    if col and not row and esize == 2 and packed and not heavy and 128 % col == 0:
+        return 128, 64, 4, 1
+    if col and not row and esize == 2 and not packed and not heavy and 16 % col == 0 and N % 256 == 0:
+        return 16, 256, 4, 1
+    BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
+    if row and not col:  # wide along the contiguous N
+        BM = max(16, min((2048 if heavy else 4096) // BN, _pow2_at_least(M, 16)))
+    else:
+        BM = max(col or 16, 32, 2 * (col or 16) if (col or 16) >= 32 else 32)
+        BM = max(BM, min(4096 // BN, 64)) if row else (max(col, 16) if heavy else BM)
+    while BM * BN > 8192 and BN > max(row or 16, 16):
+        BN //= 2
+    return BM, BN, _num_warps(BM, BN), 1
+
+
+def _num_warps(BM, BN):
+    return max(4, min(8, BM * BN // 1024))
+
+
+def _tensor_amax(x3, fmt, rht, col, col_rht=None, col_fmt=None, cfg=None):
+    """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
+    an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc).
+    col_rht (with col False): also the column side's amax after that RHT (0: none), for a column
+    side of format col_fmt (default fmt), from the same read; returns (row amax, col amax) then.
+    A side without RHT takes max |x| from the other side's loads (col without RHT: row loads).
+    cfg: (BM, BN, warps, row load mode, tiles per program), else _amax_tile's."""
+    A, M, N = x3.shape
+    both = col_rht is not None
+    outs = [torch.zeros(1, device=x3.device, dtype=torch.int32) for _ in range(1 + both)]
+    r_part, c_part = outs[0], outs[-1]
+    r_rht, c_rht = (rht, col_rht) if both else (None if col else rht, rht if col else None)
+    groups = (max(16, fmt.block), max(16, (col_fmt if both and col_fmt else fmt).block))
+    # which loads: rows unless only the column side has an RHT; both when both sides have one
+    do_row, do_col = bool(r_rht) or not c_rht, bool(c_rht)
+    plain = both and not (do_row and do_col)
+    BM, BN, nw, mode, tiles = cfg or _amax_tile(M, N, do_row and math.lcm(groups[0], r_rht or 1),
+                                                do_col and math.lcm(groups[1], c_rht or 1), x3.element_size())
+    meta, meta_key = _amax_meta(((do_row, r_rht), (do_col, c_rht)), groups, plain, BM, BN, tiles,
+                                M % (BM * tiles) == 0 and N % BN == 0, mode, nw)
+    signs = [_signs(n, x3.device, r_part) if on and n else r_part for on, n in ((do_row, r_rht), (do_col, c_rht))]
+    grid = (_cdiv(M, BM * tiles), _cdiv(N, BN), A)
+    _launch(_amax_kernel, grid, (x3, r_part, c_part, M, N, *signs), meta, meta_key)
+    return tuple(outs) if both else outs[0]
+
+
+def _amax_tile(M, N, row, col, esize):
+    """The amax pass's tile (BM, BN, warps, row load mode, tiles per program) for row loads (row:
+    what BN must be a multiple of) and/or column loads (col: what BM must be a multiple of). Row
+    loads take the row quantize's tile, four per program (fewer atomics); column loads alone
+    128 x 64; both at least 64 x 64 (docs/kernels.md, the amax pass)."""
+    if row and col:
+        return max(64, col), max(64, row), 4, 1, 1
+    if col:
+        return max(128, col), 64, 4, 1, 1
+    BM, BN, nw, mode = _tile(M, N, row, None, esize=esize)
+    return BM, BN, nw, mode, 4 if M % (4 * BM) == 0 else 1
+
+
+@functools.lru_cache(maxsize=None)
+def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
+    """_amax_kernel's constexprs (and their launch-cache key) for one launch signature: sides
+    ((loads, RHT size) for the row and column side), groups (each side's G), plain (the side
+    without loads takes max |x| of the other's)."""
+    meta = dict(BM=BM, BN=BN, PLAIN=plain, TILES=tiles, ROWLOAD=mode, EVEN=even, num_warps=nw,
+                enable_fp_fusion=False)
+    for p, (on, n), g in zip(("R_", "C_"), sides, groups):
+        meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": g,
+                     p + "RHT": int(n or 0) if on else 0, p + "INV": float(1.0 / math.sqrt(n or 1)),
+                     p + "SMASK": _smask(n) if on else -1})
+    return meta, tuple(sorted(meta.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
+    """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
+    RHT, seed in memory, packed; None when off), and the same as the launch cache's key: built
+    once, not per call."""
+    if rbits not in (8, 16):
+        raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws 8 or 16 random bits per element")
+    meta = {}
+    for sig, p, flag in ((row_sig, "R_", "DO_ROW"), (col_sig, "C_", "DO_COL")):
+        if sig is None:
+            meta.update(_off_meta(p))
+        else:
+            fmt, rounding, rht, seed_ptr, packed = sig
+            meta.update(_side_meta(fmt, rounding, rht, p))
+            meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed})
+        meta[flag] = sig is not None
+    meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
+                enable_fp_fusion=False)
+    return meta, tuple(sorted(meta.items()))
+
+
+class _Side:
+    """One orientation's request (packed: codes + scales, else fake-quantized values) and outputs."""
+
+    def __init__(self, fmt, rounding, rht, seed, device, packed):
+        self.fmt, self.rounding, self.rht, self.packed = fmt, rounding, rht, bool(packed)
+        self.seed = _seed(seed, device) if rounding == "sr" else 0
+
+
+def _run(x3, row, col, out_dtype, cfg=None):
+    """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
+    A, M, N = x3.shape
+    dev = x3.device
+    heavy = any(s and s.rounding == "sr" and s.fmt.scale == "fp32" and _grid_meta_cached(s.fmt.grid)["NSEG"] > 1
+                for s in (row, col))
+    BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
+                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy,
+                             any(s and s.packed for s in (row, col)), bool(row and row.fmt.block_2d))
+    # 32-element groups (32-blocks; docs/kernels.md, tiles):
+    if not cfg and row and max(16, row.fmt.block) == 32 and mode == 0 and \
+            (row.packed or row.rounding == "sr"):
+        mode = 2  # whole groups per thread: faster for SR and packed, slower for RTNE fake
+    if not cfg and col and not row and max(16, col.fmt.block) == 32 and col.rounding == "sr" and \
+            (BM, BN, nw) == (64, 128, 8):
+        nw = 4  # two columns per thread, 4-byte loads: faster for SR
+    if row and row.fmt.block_2d:
+        BM = max(BM, row.fmt.block)
+    if col and col.fmt.block_2d:
+        BN = max(BN, col.fmt.block)
+    fake_dtype = torch.float32 if INTERPRET else out_dtype
+    if fake_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        fake_dtype = torch.float32
+    dummy = torch.empty(1, device=dev, dtype=torch.float32)
+    # NVFP4's tensor amax: one pass over x for both sides (their own RHT), shared when equal
+    nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
+    amaxes = {}
+    if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
+        amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
+                                                col_fmt=col.fmt)
+    elif nv:
+        first = nv[0]
+        amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
+        amaxes = {s: amax for s in nv}
+    args = []
+    for side, col_side in ((row, False), (col, True)):
+        if side is None:
+            args += [dummy, dummy, dummy, dummy, dummy, dummy, 0]
+            continue
+        fmt, blk = side.fmt, side.fmt.block
+        NR, NK = (N, M) if col_side else (M, N)
+        side.fake = None if side.packed else torch.empty((A, M, N), device=dev, dtype=fake_dtype)
+        if side.packed:
+            side.codes = torch.empty((A, NR, NK // 2), device=dev, dtype=torch.uint8)
+            sshape = (A, NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
+            side.scales = torch.empty(sshape, device=dev, dtype=torch.float32)
+        else:
+            side.codes = side.scales = None
+        side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes else None
+        args += [dummy if side.packed else side.fake, side.codes if side.packed else dummy,
+                 side.scales if side.packed else dummy, amaxes.get(side, dummy),
+                 side.s_enc if side.s_enc is not None else dummy,
+                 _signs(side.rht, dev, dummy) if side.rht else dummy, side.seed]
+    grid = (_cdiv(M, BM), _cdiv(N, BN), A)
+    if M * N * A:
+        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed)  # noqa: E731
+        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0, mode,
+                                     PHILOX_ROUNDS, nw, SR_BITS)
+        _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
+    for side in (row, col):
+        if side is not None and side.fake is not None and side.fake.dtype != out_dtype:
+            side.fake = side.fake.to(out_dtype)
+
+
+def _as3(x, dim):
+    """x -> ([A, M, N] contiguous view, is_column): blocks along N (dim last) or along M."""
+    shape = x.shape
+    A = math.prod(shape[:dim])
+    B = math.prod(shape[dim + 1:])
+    xc = x.contiguous()
+    if B == 1:
+        return xc.view(1, A, shape[dim]), False
+    return xc.view(A, shape[dim], B), True
+
+
+def _prep(x, fmt, dim, rht):
+    fmt = fp4.get_format(fmt)
+    dim = dim % x.dim()
+    fp4.check_blockable(x, fmt, dim, rht)
+    return fmt, dim
+
+
+def _qtensor(x, side, dim, moved_shape):
+    fmt = side.fmt
+    codes = side.codes.reshape(*moved_shape[:-1], moved_shape[-1] // 2)
+    b = fmt.block
+    if fmt.block_2d:  # tiles over the last two dims of the moved shape
+        scales = side.scales.reshape(*moved_shape[:-2], moved_shape[-2] // b, moved_shape[-1] // b)
+    else:
+        scales = side.scales.reshape(*moved_shape[:-1], moved_shape[-1] // b)
+    return fp4.QTensor(codes, scales, side.s_enc, fmt, tuple(x.shape), x.dtype, dim, side.rht)
+
+
+def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
+    """fp4.quantize on the GPU (or under TRITON_INTERPRET): -> fp4.QTensor."""
+    fmt, dim = _prep(x, fmt, dim, rht)
+    x3, is_col = _as3(x, dim)
+    side = _Side(fmt, rounding, rht, seed, x.device, packed=True)
+    _run(x3, None if is_col else side, side if is_col else None, None, _cfg)
+    return _qtensor(x, side, dim, x.movedim(dim, -1).shape)
+
+
+def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None, _cfg=None):
+    """fp4.fake_quant: the dequantized values (in the RHT basis if rht), in dtype or x.dtype,
+    in x's layout (contiguous)."""
+    fmt, dim = _prep(x, fmt, dim, rht)
+    x3, is_col = _as3(x, dim)
+    side = _Side(fmt, rounding, rht, seed, x.device, packed=False)
+    _run(x3, None if is_col else side, side if is_col else None, dtype or x.dtype, _cfg)
+    return side.fake.view(x.shape)
+
+
+def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
+                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, _cfg=None):
+    """fp4.quantize_both: a 2D tensor [M, K] quantized row-wise (blocks along dim 1) and
+    column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant or
+    (if packed) quantize returns for dim=1 and dim=0 with that side's format, rounding, RHT and
+    seed, the same bits as those two calls. packed: a bool, or one per side (row, col)."""
+    fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
+    row = _Side(fmt_r, rounding, rr, seed, x.device, pr)
+    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc)
+    _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
+    return (_qtensor(x, row, 1, x.shape) if pr else row.fake.view(x.shape),
+            _qtensor(x, col, 0, x.t().shape) if pc else col.fake.view(x.shape))
+
+
+# -----------------------------------------------------------------------------
+# 4. Dequantize (fp4.dequantize)
 
 @triton.jit
 def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, stride_ok,
@@ -759,6 +1194,38 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
         m = (rr[:, None] < NR) & (kk[None, :] < NK)
     tl.store(out_ptr + off, o.to(out_ptr.dtype.element_ty), mask=m)
 
+
+def dequantize(q, dtype=None):
+    """fp4.dequantize: QTensor -> tensor of the original shape (contiguous), in dtype or q.dtype."""
+    fmt = q.fmt
+    shape, dim = q.shape, q.dim
+    A = math.prod(shape[:dim])
+    B = math.prod(shape[dim + 1:])
+    K = shape[dim]
+    out_dtype = dtype or q.dtype
+    kdtype = torch.float32 if INTERPRET or out_dtype not in (torch.bfloat16, torch.float16) else out_dtype
+    out = torch.empty(shape, device=q.codes.device, dtype=kdtype)
+    trans = B > 1
+    NR, Ab = (B, A) if trans else (A, 1)
+    BR = 64 if trans else min(32, _pow2_at_least(NR, 16))
+    BK = 64 if trans else 128
+    if fmt.block_2d:
+        BR = max(BR, fmt.block)
+    BK = max(BK, fmt.block)
+    codes = q.codes.contiguous()
+    scales = q.scales.contiguous()
+    ts = q.tensor_scale if q.tensor_scale is not None else scales
+    grid = (_cdiv(NR, BR), _cdiv(K, BK), Ab)
+    if out.numel():
+        _launch(_dequant_kernel, grid, (codes, scales, ts, out, NR, K, 1 if trans else K, B if trans else 1),
+                dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
+                     HAS_TS=q.tensor_scale is not None, TRANS=trans,
+                     num_warps=4, enable_fp_fusion=False, **_grid_meta(fmt.grid)))
+    return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+# -----------------------------------------------------------------------------
+# 5. GEMM over packed operands (fp4_matmul): not on the training path, see the header
 
 @triton.jit
 def _load_operand(codes, scales, r0, R, K, k0, BR: tl.constexpr, BK: tl.constexpr,
@@ -888,10 +1355,7 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     loop, fp32 accumulation, 1 / (tensor scales) in the epilogue. With TMA (sm_90, 16-byte
     aligned rows) each step's code and scale tiles come through tensor descriptors, which Triton
     prefetches num_stages steps ahead into shared memory, so no thread waits on a global load
-    before its dequantize. At 8192^3 in 128 x 128 x 128 tiles of one warpgroup (two CTAs share
-    an SM, so one's dequantize overlaps the other's wgmma) this is 1.07-1.20x faster than pointer
-    loads with the next step's dequantize issued before this step's dot, 1.05-1.58x at GPT-2
-    shapes (results/perf/session13/README.md)."""
+    before its dequantize (docs/kernels.md, the packed GEMM)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -918,474 +1382,12 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     tl.store(c_ptr + off, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-# -----------------------------------------------------------------------------
-# Host side
-
-_SIGNS = {}
-
-
-@functools.lru_cache(maxsize=None)
-def _smask(n):
-    """The RHT signs of size n as bits (bit j set: sign -1), or -1 to load them (n > 32)."""
-    if not n or n > 32:
-        return -1
-    return sum(1 << j for j, v in enumerate(fp4.rht_signs(n).tolist()) if v < 0)
-
-
-def _signs(n, device, dummy):
-    """The RHT signs as a tensor on the device, for kernels that load them (n > 32); else dummy.
-    Cached, and made on a helper thread: the first call may come during a CUDA-graph warm-up,
-    whose memory pool takes this thread's allocations and must not own a tensor kept for later."""
-    if _smask(n) != -1:
-        return dummy
-    key = (n, str(device))
-    if key not in _SIGNS:
-        if device.type != "cuda":
-            _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
-        else:
-            def make():
-                _SIGNS[key] = fp4.rht_signs(n, device).contiguous()
-                torch.cuda.synchronize(device)  # ready before any stream of this thread reads it
-            helper = threading.Thread(target=make)
-            helper.start()
-            helper.join()
-    return _SIGNS[key]
-
-
-@functools.lru_cache(maxsize=None)
-def _grid_meta_cached(grid_name):
-    return _grid_meta_uncached(grid_name)
-
-
-def _grid_meta(grid_name):
-    return dict(_grid_meta_cached(grid_name))
-
-
-def _grid_meta_uncached(grid_name):
-    grid = fp4.GRIDS[grid_name]
-    segs = fp4._segments(grid)
-    if len(segs) > 3 or grid.levels[0] != 0.0 or len(grid.levels) != 8:
-        raise ValueError(f"grid {grid_name!r}: kernels handle 8 levels from 0 in at most 3 pieces")
-    for _, st, _ in segs:
-        if math.frexp(st)[0] != 0.5:
-            raise ValueError(f"grid {grid_name!r}: steps must be powers of two")
-    pad = segs + [(grid.qmax, 1.0, 8)] * (3 - len(segs))
-    return dict(E2M1=grid.levels == fp4.GRIDS["e2m1"].levels,  # (kernels decode it from bits)
-                NSEG=len(segs), S1=float(pad[1][0]), S2=float(pad[2][0]), ST0=float(pad[0][1]),
-                ST1=float(pad[1][1]), ST2=float(pad[2][1]), I1=int(pad[1][2]), I2=int(pad[2][2]))
-
-
-def _side_meta(fmt, rounding, rht, p):
-    return dict(_side_meta_cached(fmt, rounding, rht, p))
-
-
-@functools.lru_cache(maxsize=None)
-def _side_meta_cached(fmt, rounding, rht, p):
-    if rounding not in ("rtne", "sr"):
-        raise ValueError(f"unknown rounding {rounding!r}; valid: 'rtne', 'sr'")
-    if rht and rht not in fp4.RHT_SIZES:
-        raise ValueError(f"RHT size must be one of {fp4.RHT_SIZES}, got {rht}")
-    grid = fp4.GRIDS[fmt.grid]
-    m = dict(QMAX=float(grid.qmax), EMAX=int(math.floor(math.log2(grid.qmax))),
-             BLOCK=fmt.block, SCALE=_SCALE_ID[fmt.scale], B2D=bool(fmt.block_2d),
-             SR=rounding == "sr", RHT=int(rht or 0), INV=float(1.0 / math.sqrt(rht or 1)),
-             G=max(16, fmt.block), SMASK=_smask(rht))
-    m.update(_grid_meta(fmt.grid))
-    return {p + k: v for k, v in m.items()}
-
-
-def _off_meta(p):
-    return {p + "QMAX": 1.0, p + "EMAX": 0, p + "E2M1": False, p + "NSEG": 1, p + "S1": 0.0, p + "S2": 0.0,
-            p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
-            p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
-            p + "INV": 1.0, p + "G": 16, p + "SMASK": -1, p + "SEEDPTR": False, p + "FAKE": False,
-            p + "PACKED": False}
-
-
-def _seed(seed, device):
-    """An int, or a one-element integer tensor on the device (read by the kernel: no host sync,
-    and a CUDA graph replays whatever value it holds then; values in [0, 2^31 - 1) give the same
-    random bits as that int)."""
-    if seed is None:  # like the reference: drawn from torch's global (CPU) generator
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
-    if isinstance(seed, torch.Tensor):
-        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex:
-            raise ValueError(f"a tensor seed must be one integer, got {seed.dtype} {tuple(seed.shape)}")
-        if seed.device == device:
-            return seed.reshape(()).to(torch.int64)
-        seed = int(seed)
-    return int(seed) % (2**31 - 1)
-
-
-def _cdiv(a, b):  # triton.cdiv costs microseconds of host time per call (constexpr unwrapping)
-    return -(-a // b)
-
-
-def _need(fmt, rht):
-    return math.lcm(fmt.block, rht or 1)
-
-
-def _pow2_at_least(n, lo):
-    return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
-
-
-def _tile(M, N, row, col, cfg=None, esize=2, heavy=False, packed=False, row_2d=False):
-    """(BM, BN, num_warps, row load mode): BN a multiple of what the row side needs (block,
-    G-group, RHT), BM of what the column side needs; about 32 elements per thread. Measured on
-    an H200 (results/kernels_h200.md, graph replays): UFP4's RTNE fake quant with RHT16 runs at
-    0.82 of copy bandwidth in 8 x 512 tiles with joined half-group loads (mode 0, whole G-groups
-    per thread: block amax and RHT without shuffles) or plain loads (mode 1), other tile shapes
-    of mode 0 at 0.35-0.61. The same 4096 elements as 2 x 2048, fewer and longer row segments per
-    tile, run 1-11 % faster for every format's row kernels at 8192^2 with the same instructions
-    (4 x 1024: 0.89-1.01 of the 8 x 512 time; results/perf/session9/tiles2.txt), so row tiles
-    take the widest of 2048, 1024, 512 that divides N; row_2d (a row side of 2D blocks, whose BM
-    _run raises to the block) keeps 512: 16 x 2048 tiles spill registers. Mode 0 on fp32 inputs with
-    8 x 512 tiles gave wrong results on the GPU (tile amax NaN; triton 3.6 on sm_90; correct in
-    the interpreter), so fp32 inputs take mode 1, which tests/gpu_check_kernels.py checks at
-    16384 x 4096.
-    heavy: SR on a grid of several pieces (E2M1) with fp32 block scales, whose many live values per
-    element favour 16-row tiles (16 x 128, 4 warps): 10-18 % faster than 32 x 128 for dy's column
-    side at 16384 x 2304 and x 3072 and its row side at 2304 (the wide row path, taken at 3072,
-    is unchanged; results/perf/sr_tiles.md); uniform grids (UFP4) are fastest at 32 x 128. NVFP4
-    came out slower with it (measured when its amax pass shared the tile), MXFP4 is untried.
-    Both sides in one kernel (16-bit x, results/perf/session4/pair_tiles.txt): both fake (dy):
-    16 x 256 tiles with mode-0 row loads, 10-11 % faster than 32 x 128 with plain loads for
-    UFP4 at 16384 x 768 / 2304 / 3072; a packed side (x): 64 x 64 with plain loads, 3 % faster
-    than 32 x 128 (16 x 256 mode 0: 1.6-1.8x slower). A packed column side alone (x of the MoE's
-    experts): 128 x 64, 13-22 % faster than 32 x 128 for UFP4 at 16384 x 768 / 3072
-    (results/perf/session6/xpair_tiles.txt); wider tiles (16 rows x 256-1024) were slower for
-    both pairs and for the packed column side alone. A fake column side alone (16-bit, 16-groups,
-    not heavy) takes 16 x 256: 2-3 % faster than 32 x 128 for UFP4's column SR, 0.4-0.8 % for RTNE
-    (session9/tiles3.txt; results/perf/session11/col_tile_ab.txt). _run adjusts two choices for
-    32-element groups."""
-    if cfg:
-        return tuple(cfg) + ((ROWLOAD if ROWLOAD is not None else 1,) if len(cfg) == 3 else ())
-    if row and not col and esize == 2:  # (verified on 16-bit inputs; fp32 inputs take the plain load)
-        for BN in (512,) if row_2d else (2048, 1024, 512):
-            if N % BN == 0 and BN % row == 0:
-                return 4096 // BN, BN, 4, 0
-    if row and col and esize == 2 and not packed and N % 256 == 0 and 256 % row == 0 and 16 % col == 0:
-        return 16, 256, 4, 0
-    if row and col and esize == 2 and packed and N % 64 == 0 and 64 % row == 0 and 64 % col == 0:
-        return 64, 64, 4, 1
-    if col and not row and esize == 2 and packed and not heavy and 128 % col == 0:
-        return 128, 64, 4, 1
-    if col and not row and esize == 2 and not packed and not heavy and 16 % col == 0 and N % 256 == 0:
-        return 16, 256, 4, 1
-    BN = max(row or 16, min(128, _pow2_at_least(N, 16)))
-    if row and not col:  # wide along the contiguous N
-        BM = max(16, min((2048 if heavy else 4096) // BN, _pow2_at_least(M, 16)))
-    else:
-        BM = max(col or 16, 32, 2 * (col or 16) if (col or 16) >= 32 else 32)
-        BM = max(BM, min(4096 // BN, 64)) if row else (max(col, 16) if heavy else BM)
-    while BM * BN > 8192 and BN > max(row or 16, 16):
-        BN //= 2
-    return BM, BN, _num_warps(BM, BN), 1
-
-
-def _num_warps(BM, BN):
-    return max(4, min(8, BM * BN // 1024))
-
-
-def _tensor_amax(x3, fmt, rht, col, col_rht=None, col_fmt=None, cfg=None):
-    """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
-    an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc).
-    col_rht (with col False): also the column side's amax after that RHT (0: none), for a column
-    side of format col_fmt (default fmt), from the same read; returns (row amax, col amax) then.
-    A side without RHT takes max |x| from the other side's loads (col without RHT: row loads).
-    cfg: (BM, BN, warps, row load mode, tiles per program), else _amax_tile's."""
-    A, M, N = x3.shape
-    both = col_rht is not None
-    outs = [torch.zeros(1, device=x3.device, dtype=torch.int32) for _ in range(1 + both)]
-    r_part, c_part = outs[0], outs[-1]
-    r_rht, c_rht = (rht, col_rht) if both else (None if col else rht, rht if col else None)
-    groups = (max(16, fmt.block), max(16, (col_fmt if both and col_fmt else fmt).block))
-    # which loads: rows unless only the column side has an RHT; both when both sides have one
-    do_row, do_col = bool(r_rht) or not c_rht, bool(c_rht)
-    plain = both and not (do_row and do_col)
-    BM, BN, nw, mode, tiles = cfg or _amax_tile(M, N, do_row and math.lcm(groups[0], r_rht or 1),
-                                                do_col and math.lcm(groups[1], c_rht or 1), x3.element_size())
-    meta, meta_key = _amax_meta(((do_row, r_rht), (do_col, c_rht)), groups, plain, BM, BN, tiles,
-                                M % (BM * tiles) == 0 and N % BN == 0, mode, nw)
-    signs = [_signs(n, x3.device, r_part) if on and n else r_part for on, n in ((do_row, r_rht), (do_col, c_rht))]
-    grid = (_cdiv(M, BM * tiles), _cdiv(N, BN), A)
-    _launch(_amax_kernel, grid, (x3, r_part, c_part, M, N, *signs), meta, meta_key)
-    return tuple(outs) if both else outs[0]
-
-
-def _amax_tile(M, N, row, col, esize):
-    """The amax pass's tile (BM, BN, warps, row load mode, tiles per program) for row loads (row:
-    what BN must be a multiple of) and/or column loads (col: what BM must be a multiple of).
-    Measured at the shapes of a GPT-2 layer and 16k x 4096 (results/perf/session10/amax_col.txt):
-    row loads take the row quantize's tile, four per program (one atomic per program; 13 % faster
-    at 16384 x 4096, the same at 768 wide); column loads alone 128 x 64, 9-17 % faster than the
-    quantize pairs' 64 x 64 and 27-29 % faster than their 16 x 256; both loads (an RHT on each
-    side, not measured) at least 64 x 64, wider where a side's RHT or group asks. 4 warps for
-    every tile."""
-    if row and col:
-        return max(64, col), max(64, row), 4, 1, 1
-    if col:
-        return max(128, col), 64, 4, 1, 1
-    BM, BN, nw, mode = _tile(M, N, row, None, esize=esize)
-    return BM, BN, nw, mode, 4 if M % (4 * BM) == 0 else 1
-
-
-@functools.lru_cache(maxsize=None)
-def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
-    """_amax_kernel's constexprs (and their launch-cache key) for one launch signature: sides
-    ((loads, RHT size) for the row and column side), groups (each side's G), plain (the side
-    without loads takes max |x| of the other's)."""
-    meta = dict(BM=BM, BN=BN, PLAIN=plain, TILES=tiles, ROWLOAD=mode, EVEN=even, num_warps=nw,
-                enable_fp_fusion=False)
-    for p, (on, n), g in zip(("R_", "C_"), sides, groups):
-        meta.update({"DO_" + ("ROW" if p == "R_" else "COL"): on, p + "G": g,
-                     p + "RHT": int(n or 0) if on else 0, p + "INV": float(1.0 / math.sqrt(n or 1)),
-                     p + "SMASK": _smask(n) if on else -1})
-    return meta, tuple(sorted(meta.items()))
-
-
-_FAST = {}
-PHILOX_ROUNDS = 10  # Philox4x32 rounds per call: Random123's default (7: 5 % faster SR with 16-bit draws, results/perf/philox_rounds.md)
-# Random bits per SR draw: 8 (16 draws per Philox call) or 16 (8 per call). With b bits an element
-# k + f rounds up with probability round(2^b f) / 2^b: |bias| <= 2^-(b+1) of a grid step, and
-# f < 2^-(b+1) never rounds up (2^-9 of a step at 8 bits). ../shared/HARDWARE.md gives 8 bits per
-# element as the design point (within about 20 % of RTNE); Blackwell's cvt.rs also takes 8 per
-# FP4 value (one 32-bit random operand per four).
-SR_BITS = 8
-
-
-def _spec(v):
-    """What Triton specializes a launch argument on (ints: ==1, %16, 64-bit; pointers: 16-byte
-    alignment, dtype), so a cached compiled kernel is only reused where Triton would reuse it."""
-    if isinstance(v, torch.Tensor):
-        return (v.dtype, v.data_ptr() % 16 == 0)
-    if isinstance(v, bool):
-        return ("b", v)
-    if isinstance(v, int):
-        return ("i", v == 1, v % 16 == 0, -2**31 <= v < 2**31)
-    return (type(v),)
-
-
-def _launch(kernel, grid, args, meta, meta_key=None):
-    """kernel[grid](*args, **meta), but later calls with the same specialization launch the
-    compiled kernel directly (Triton's generic launch path costs tens of microseconds of host
-    time per call, which dominates small tensors). meta_key: tuple(sorted(meta.items())), if the
-    caller has it cached."""
-    if INTERPRET:
-        kernel[grid](*args, **meta)
-        return
-    key = (kernel, args[0].device.index, meta_key or tuple(sorted(meta.items())),
-           tuple(_spec(v) for v in args))
-    ck = _FAST.get(key)
-    if ck is None:
-        ck = kernel[grid](*args, **meta)
-        if ck is not None:
-            names = kernel.arg_names[len(args):]
-            _FAST[key] = (ck, [meta[n] for n in names])
-        return
-    ck, tail = ck
-    ck[grid](*args, *tail)
-
-
-@functools.lru_cache(maxsize=None)
-def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
-    """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
-    RHT, seed in memory, packed; None when off), and the same as the launch cache's key: built
-    once, not per call."""
-    if rbits not in (8, 16):
-        raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws 8 or 16 random bits per element")
-    meta = {}
-    for sig, p, flag in ((row_sig, "R_", "DO_ROW"), (col_sig, "C_", "DO_COL")):
-        if sig is None:
-            meta.update(_off_meta(p))
-        else:
-            fmt, rounding, rht, seed_ptr, packed = sig
-            meta.update(_side_meta(fmt, rounding, rht, p))
-            meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed})
-        meta[flag] = sig is not None
-    meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
-                enable_fp_fusion=False)
-    return meta, tuple(sorted(meta.items()))
-
-
-class _Side:
-    """One orientation's request (packed: codes + scales, else fake-quantized values) and outputs."""
-
-    def __init__(self, fmt, rounding, rht, seed, device, packed):
-        self.fmt, self.rounding, self.rht, self.packed = fmt, rounding, rht, bool(packed)
-        self.seed = _seed(seed, device) if rounding == "sr" else 0
-
-
-def _run(x3, row, col, out_dtype, cfg=None):
-    """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
-    A, M, N = x3.shape
-    dev = x3.device
-    heavy = any(s and s.rounding == "sr" and s.fmt.scale == "fp32" and _grid_meta_cached(s.fmt.grid)["NSEG"] > 1
-                for s in (row, col))
-    BM, BN, nw, mode = _tile(M, N, row and math.lcm(_need(row.fmt, row.rht), 16),
-                             col and math.lcm(_need(col.fmt, col.rht), 16), cfg, x3.element_size(), heavy,
-                             any(s and s.packed for s in (row, col)), bool(row and row.fmt.block_2d))
-    # 32-element groups (32-blocks), measured on MXFP4 at 8192^2 (results/perf/session8/README.md):
-    if not cfg and row and max(16, row.fmt.block) == 32 and mode == 0 and \
-            (row.packed or row.rounding == "sr"):
-        mode = 2  # whole groups per thread: SR, packed with RHT16 1.3-2.1x faster (RTNE fake
-        # 1.25-1.56x slower)
-    if not cfg and col and not row and max(16, col.fmt.block) == 32 and col.rounding == "sr" and \
-            (BM, BN, nw) == (64, 128, 8):
-        nw = 4  # two columns per thread, 4-byte loads: SR 14 % faster (RTNE fake: 4 % faster to
-        # 15 % slower over three runs, so it keeps 8)
-    if row and row.fmt.block_2d:
-        BM = max(BM, row.fmt.block)
-    if col and col.fmt.block_2d:
-        BN = max(BN, col.fmt.block)
-    fake_dtype = torch.float32 if INTERPRET else out_dtype
-    if fake_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        fake_dtype = torch.float32
-    dummy = torch.empty(1, device=dev, dtype=torch.float32)
-    # NVFP4's tensor amax: one pass over x for both sides (their own RHT), shared when equal
-    nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
-    amaxes = {}
-    if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
-        amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
-                                                col_fmt=col.fmt)
-    elif nv:
-        first = nv[0]
-        amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
-        amaxes = {s: amax for s in nv}
-    args = []
-    for side, col_side in ((row, False), (col, True)):
-        if side is None:
-            args += [dummy, dummy, dummy, dummy, dummy, dummy, 0]
-            continue
-        fmt, blk = side.fmt, side.fmt.block
-        NR, NK = (N, M) if col_side else (M, N)
-        side.fake = None if side.packed else torch.empty((A, M, N), device=dev, dtype=fake_dtype)
-        if side.packed:
-            side.codes = torch.empty((A, NR, NK // 2), device=dev, dtype=torch.uint8)
-            sshape = (A, NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
-            side.scales = torch.empty(sshape, device=dev, dtype=torch.float32)
-        else:
-            side.codes = side.scales = None
-        side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes else None
-        args += [dummy if side.packed else side.fake, side.codes if side.packed else dummy,
-                 side.scales if side.packed else dummy, amaxes.get(side, dummy),
-                 side.s_enc if side.s_enc is not None else dummy,
-                 _signs(side.rht, dev, dummy) if side.rht else dummy, side.seed]
-    grid = (_cdiv(M, BM), _cdiv(N, BN), A)
-    if M * N * A:
-        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed)  # noqa: E731
-        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0, mode,
-                                     PHILOX_ROUNDS, nw, SR_BITS)
-        _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
-    for side in (row, col):
-        if side is not None and side.fake is not None and side.fake.dtype != out_dtype:
-            side.fake = side.fake.to(out_dtype)
-
-
-def _as3(x, dim):
-    """x -> ([A, M, N] contiguous view, is_column): blocks along N (dim last) or along M."""
-    shape = x.shape
-    A = math.prod(shape[:dim])
-    B = math.prod(shape[dim + 1:])
-    xc = x.contiguous()
-    if B == 1:
-        return xc.view(1, A, shape[dim]), False
-    return xc.view(A, shape[dim], B), True
-
-
-def _prep(x, fmt, dim, rht):
-    fmt = fp4.get_format(fmt)
-    dim = dim % x.dim()
-    fp4._check_blockable(x, fmt, dim, rht)
-    return fmt, dim
-
-
-def _qtensor(x, side, dim, moved_shape):
-    fmt = side.fmt
-    codes = side.codes.reshape(*moved_shape[:-1], moved_shape[-1] // 2)
-    b = fmt.block
-    if fmt.block_2d:  # tiles over the last two dims of the moved shape
-        scales = side.scales.reshape(*moved_shape[:-2], moved_shape[-2] // b, moved_shape[-1] // b)
-    else:
-        scales = side.scales.reshape(*moved_shape[:-1], moved_shape[-1] // b)
-    return fp4.QTensor(codes, scales, side.s_enc, fmt, tuple(x.shape), x.dtype, dim, side.rht)
-
-
-def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
-    """fp4.quantize on the GPU (or under TRITON_INTERPRET): -> fp4.QTensor."""
-    fmt, dim = _prep(x, fmt, dim, rht)
-    x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed, x.device, packed=True)
-    _run(x3, None if is_col else side, side if is_col else None, None, _cfg)
-    return _qtensor(x, side, dim, x.movedim(dim, -1).shape)
-
-
-def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None, _cfg=None):
-    """fp4.fake_quant: the dequantized values (in the RHT basis if rht), in dtype or x.dtype,
-    in x's layout (contiguous)."""
-    fmt, dim = _prep(x, fmt, dim, rht)
-    x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed, x.device, packed=False)
-    _run(x3, None if is_col else side, side if is_col else None, dtype or x.dtype, _cfg)
-    return side.fake.view(x.shape)
-
-
-def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
-                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, _cfg=None):
-    """fp4.quantize_both: a 2D tensor [M, K] quantized row-wise (blocks along dim 1) and
-    column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant or
-    (if packed) quantize returns for dim=1 and dim=0 with that side's format, rounding, RHT and
-    seed, the same bits as those two calls. packed: a bool, or one per side (row, col)."""
-    fmt_r, fmt_c, rr, rc, pr, pc = fp4._both_args(x, fmt, fmt_col, rht, rht_col, packed)
-    row = _Side(fmt_r, rounding, rr, seed, x.device, pr)
-    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc)
-    _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
-    return (_qtensor(x, row, 1, x.shape) if pr else row.fake.view(x.shape),
-            _qtensor(x, col, 0, x.t().shape) if pc else col.fake.view(x.shape))
-
-
-def dequantize(q, dtype=None):
-    """fp4.dequantize: QTensor -> tensor of the original shape (contiguous), in dtype or q.dtype."""
-    fmt = q.fmt
-    shape, dim = q.shape, q.dim
-    A = math.prod(shape[:dim])
-    B = math.prod(shape[dim + 1:])
-    K = shape[dim]
-    out_dtype = dtype or q.dtype
-    kdtype = torch.float32 if INTERPRET or out_dtype not in (torch.bfloat16, torch.float16) else out_dtype
-    out = torch.empty(shape, device=q.codes.device, dtype=kdtype)
-    trans = B > 1
-    NR, Ab = (B, A) if trans else (A, 1)
-    BR = 64 if trans else min(32, _pow2_at_least(NR, 16))
-    BK = 64 if trans else 128
-    if fmt.block_2d:
-        BR = max(BR, fmt.block)
-    BK = max(BK, fmt.block)
-    codes = q.codes.contiguous()
-    scales = q.scales.contiguous()
-    ts = q.tensor_scale if q.tensor_scale is not None else scales
-    grid = (_cdiv(NR, BR), _cdiv(K, BK), Ab)
-    if out.numel():
-        _launch(_dequant_kernel, grid, (codes, scales, ts, out, NR, K, 1 if trans else K, B if trans else 1),
-                dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
-                     HAS_TS=q.tensor_scale is not None, TRANS=trans,
-                     num_warps=4, enable_fp_fusion=False, **_grid_meta(fmt.grid)))
-    return out if out.dtype == out_dtype else out.to(out_dtype)
-
-
-_MM_CFG = None  # (BM, BN, BK, GROUP_M, num_warps, num_stages) override, for benchmarks
-
-
 def _mm_config(M, N, K, fa, fb):
-    """(BM, BN, BK, GROUP_M, num_warps, num_stages) for operands of formats fa and fb.
-    128 x 128 x 128 tiles of one warpgroup were
-    the fastest at 8192^3 for each format over 28 tile configs; with an int4 operand 2 stages,
-    1.5-4 % faster than 3 in four runs; E2M1 operands 3, 3-7 % faster than 2
-    (results/perf/session13/mm_tma3.txt, mm_tma4.txt, mm_ab2.txt, final_712674b/)."""
+    """(BM, BN, BK, GROUP_M, num_warps, num_stages) for operands of formats fa and fb: 128 x 128
+    x 128 tiles of one warpgroup; 2 pipeline stages with an int4 operand, 3 for E2M1 (the fastest
+    measured, docs/kernels.md, the packed GEMM)."""
     if INTERPRET:
         return 32, 32, 64, 4, 4, 1
-    if _MM_CFG:
-        return _MM_CFG
     int4 = not all(_grid_meta_cached(f.grid)["E2M1"] for f in (fa, fb))
     return 128, 128, 128, 8, 4, 2 if int4 else 3
 
@@ -1399,11 +1401,9 @@ def _mm_tiles(fa, fb, BM, BN, BK):
 
 
 def _mm_block(fmt):
-    """The elements per scale that the GEMM reads: 16 for 1D 32-blocks, whose scales
-    _mm_scales repeats (their [R, K / 32] scale tile reached the codes' layout through shared
-    memory, after the wgmma's wait: four barriers per K step more than 16-blocks; at 8192^3
-    MXFP4 3.51 -> 3.39 ms, MXINT4 4.05 -> 3.50, results/perf/session9/mm_scales16.txt); else
-    the format's block."""
+    """The elements per scale that the GEMM reads: 16 for 1D 32-blocks, whose scales _mm_scales
+    repeats (their [R, K / 32] tile needs a trip through shared memory to meet the codes' layout,
+    which costs more than the repeated bytes); else the format's block."""
     return 16 if fmt.block == 32 and not fmt.block_2d else fmt.block
 
 
@@ -1439,7 +1439,7 @@ def _tma_descriptors(tensors, boxes):
     return [TensorDescriptor.from_tensor(t, list(box)) for t, box in zip(tensors, boxes)]
 
 
-def fp4_matmul(qa, qb, dtype=None):
+def fp4_matmul(qa, qb, dtype=None, _cfg=None):
     """a @ b^T for QTensors quantized along their last dim (qa: [M, K], qb: [N, K], both 2D):
     packed codes + block scales are dequantized to bf16 inside the GEMM's main loop, products
     accumulate in fp32, the tensor scales (NVFP4) divide the result. Returns [M, N] in dtype
@@ -1464,7 +1464,7 @@ def fp4_matmul(qa, qb, dtype=None):
     if not c.numel():
         return c if c.dtype == out_dtype else c.to(out_dtype)
     meta = _mm_meta(qa.fmt, qb.fmt, qa.tensor_scale is not None, qb.tensor_scale is not None)
-    BM, BN, BK, GM, nw, ns = _mm_config(M, N, K, qa.fmt, qb.fmt)
+    BM, BN, BK, GM, nw, ns = _cfg or _mm_config(M, N, K, qa.fmt, qb.fmt)
     BK = max(BK, qa.fmt.block, qb.fmt.block)
     # (both paths read codes with rows of K / 2 bytes: a view of padded or transposed codes is copied)
     operands = [qa.codes.contiguous(), _mm_scales(qa), qb.codes.contiguous(), _mm_scales(qb)]

@@ -120,7 +120,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         # split, not a view as [B, T, 3, H, D]: split's backward is one cat, written in one
         # pass; the view's (three select_backwards) read all three gradients per element
-        # (results/perf/session12)
+        # (docs/performance.md, where the time goes)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
                    for t in self.qkv(x).split(C, dim=2))
         if rope is not None:

@@ -1,4 +1,4 @@
-"""What is alive on the GPU at a training run's memory peak (issue 6's peak-memory target).
+"""What is alive on the GPU at a training run's memory peak (docs/performance.md, memory).
 
     python scripts/memory_breakdown.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 \
         [--compile_mode=reduce-overhead|default|eager] [--steps=4]

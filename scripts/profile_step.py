@@ -1,4 +1,4 @@
-"""Where the time of one training step goes (issue 6): GEMMs vs FP4 quantization vs the rest.
+"""Where the time of one training step goes (docs/performance.md): GEMMs vs FP4 quantization vs the rest.
 
     python scripts/profile_step.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 [--compile]
 
@@ -6,7 +6,7 @@ Builds the config's model (random tokens, no data needed), runs warm-up steps, t
 forward+backward+AdamW steps with torch.profiler and sums the CUDA kernel time per category:
 GEMM (cuBLAS/CUTLASS/grouped mm, the packed FP4 GEMM), attention (cuDNN/flash SDPA), quantize
 (kernels.py's Triton quantizers, dequantize), and other (norms, optimizer, inductor's fused
-kernels...). (Before 2026-11-30 evening the attention kernels were counted as GEMM.) Prints a table per recipe and
+kernels...). Prints a table per recipe and
 the top kernels."""
 import argparse
 import datetime

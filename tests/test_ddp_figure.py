@@ -1,11 +1,11 @@
-"""scripts/ddp_figure.py: the DDP scaling figure from gpu_ddp_scaling.sh's JSON."""
+"""dev/ddp_figure.py: the DDP scaling figure from gpu_ddp_scaling.sh's JSON."""
 import json
 import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev"))
 import ddp_figure  # noqa: E402
 
 

@@ -630,7 +630,7 @@ def test_packed_column_side_alone_on_16_bit_input(name):
 
 
 def test_heavy_tiles_only_for_sr_on_e2m1_with_fp32_scales(monkeypatch):
-    # results/perf/sr_tiles.md: 16-row tiles help e2m1's SR, hurt ufp4's and nvfp4's
+    # 16-row tiles help e2m1's SR, hurt ufp4's and nvfp4's (docs/kernels.md, tiles)
     x = randn(64, 128, seed=13)
     seen = []
     real, sig = kernels._tile, inspect.signature(kernels._tile)
@@ -713,7 +713,7 @@ def test_fp4_linear_through_kernels(name, monkeypatch):
     sr = fp4.replace(fp4.RECIPES[name], wgrad=fp4.replace(fp4.RECIPES[name].wgrad, sr_b=True))
     for counts in (None, torch.tensor([7, 0, 33])):
         want = _layer_grads(rtne, counts)
-        monkeypatch.setattr(fp4, "_use_triton", lambda t: True)
+        monkeypatch.setattr(fp4, "kernels_for", lambda t: kernels)
         got = _layer_grads(rtne, counts)
         for a, b, nm in zip(got, want, ("y", "dx", "dW")):
             if nm == "dx" and counts is not None:  # same operands, but the kernel's Q(W) along
@@ -733,7 +733,7 @@ def test_fp4_linear_reads_x_and_dy_once_with_the_same_bits(monkeypatch):
     """On the Triton path a dense layer quantizes x (Fprop row-wise, Wgrad column-wise packed) and
     dy (Dgrad row-wise, Wgrad column-wise, SR) with one kernel each: the same y, dx, dW bits as
     one call per operand, SR included (the same seeds)."""
-    monkeypatch.setattr(fp4, "_use_triton", lambda t: True)
+    monkeypatch.setattr(fp4, "kernels_for", lambda t: kernels)
     real, calls = kernels.quantize_both, []
     monkeypatch.setattr(kernels, "quantize_both", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     for name in ("ufp4", "nvfp4", "e2m1"):
@@ -908,6 +908,15 @@ def test_module_surface(monkeypatch):
     with pytest.raises(ValueError, match="8 or 16"):
         kernels.fake_quant(torch.randn(8, 32), "ufp4", rounding="sr", seed=1)
     monkeypatch.undo()
+    # the setter (fp4's, next to set_backend) validates and is what the kernels read
+    with pytest.raises(ValueError, match="sr_bits must be one of"):
+        fp4.set_sr_bits(12)
+    assert kernels.SR_BITS == 8
+    try:
+        fp4.set_sr_bits(16)
+        assert kernels.SR_BITS == 16
+    finally:
+        fp4.set_sr_bits(8)
     with pytest.raises(ValueError):
         kernels.quantize(torch.randn(8, 24), "ufp4")   # 24 is not a multiple of 16
     with pytest.raises(ValueError):

@@ -1,7 +1,7 @@
-"""scripts/sass_count.py: the quantize and dequantize kernels and the packed GEMM's main loop
+"""dev/sass_count.py: the quantize and dequantize kernels and the packed GEMM's main loop
 compile for sm_90 (no GPU needed) to about as few instructions per element as measured when they
-were tuned (results/perf/session4/sass_count.txt, results/perf/session6/gemm_sass.md).
-The quantizers are issue-bound on the H200, so a rise here is a slowdown there."""
+were tuned (docs/kernels.md, instruction counts). The quantizers are bound by instruction issue
+on the H200, so a rise here is a slowdown there."""
 import importlib.util
 import os
 import re
@@ -16,31 +16,29 @@ if importlib.util.find_spec("triton") is None:
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 # launch -> most instructions per element allowed (about 10 % above triton 3.9.0's count)
-# session 10: SR with 8 random bits per draw (half the Philox calls) cut 3-7 instructions per
-# element from every SR launch (dy row 34.8 -> 31.2, pair 69.0 -> 61.5); the SR limits sit below
-# the 16-bit counts, so they fail if the kernels draw 16 bits again
+# SR with 8 random bits per draw (half the Philox calls of 16) takes 3-7 instructions per element
+# fewer in every SR launch (dy row 34.8 -> 31.2, pair 69.0 -> 61.5); the SR limits sit below the
+# 16-bit counts, so they fail if the kernels draw 16 bits by default
 LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 34.5,
           "dy column-wise, SR (Wgrad)": 37.5, "x column-wise, packed (Wgrad)": 30,
           "dy pair, SR both": 67.5, "e2m1 dy column-wise, SR": 51.5, "nvfp4 dy column-wise, SR": 49.5,
           "nvfp4 x column-wise, packed": 36,
-          # session 8 (triton 3.9.0; results/perf/session8/sass_count*.txt): E2M1 codes from
-          # mag * 2^-126 (nvfp4 column packed 37.6 -> 34.1, mxfp4 row packed 32.2 -> 28.7); each
+          # triton 3.9.0: E2M1 codes from mag * 2^-126 (nvfp4 column packed 37.6 -> 34.1, mxfp4 row packed 32.2 -> 28.7); each
           # thread holds whole 32-groups (row load mode 2) when packed or SR (MXFP4 row-wise with
           # RHT16 in mode 0: packed 52, SR 66)
           "mxfp4 x row-wise, packed": 31, "mxfp4 dy row-wise, SR": 36.5,
-          # dequantize (session 6: E2M1 magnitudes from the code's bits, nvfp4 27.5 -> 20.5;
-          # session 7: no I2FP, ufp4 11.2 -> 12.2 but no slow conversion, nvfp4 -> 17.6)
+          # dequantize (E2M1 magnitudes from the code's bits: nvfp4 27.5 -> 20.5; no I2FP:
+          # ufp4 11.2 -> 12.2 but no slow conversion, nvfp4 -> 17.6)
           "ufp4 dequantize, row-wise codes": 13.5, "nvfp4 dequantize, row-wise codes": 19.5,
           "mxfp4 dequantize, row-wise codes": 13, "ufp4 dequantize, column-wise codes": 14,
           "nvfp4 dequantize, column-wise codes": 20, "mxfp4 dequantize, column-wise codes": 13.5,
-          # the packed GEMM's main loop, per element it dequantizes (session 6: 8.8 and 12.4;
-          # session 7, with the PTX dequantize: 7.7 and 5.3; session 9, one lop3 per int4
-          # nibble: ufp4 6.8, 8 % faster at 8192^3; session 13, TMA loads in 128 x 128 x 128
-          # tiles of 4 warps: 6.1 and 4.6)
+          # the packed GEMM's main loop, per element it dequantizes (plain Triton: 8.8 and
+          # 12.4; the PTX dequantize: 7.7 and 5.3; one lop3 per int4 nibble: ufp4 6.8, 8 %
+          # faster at 8192^3; TMA loads in 128 x 128 x 128 tiles of 4 warps: 6.1 and 4.6)
           "ufp4 fp4_matmul main loop, per dequantized element": 6.7,
           "nvfp4 fp4_matmul main loop, per dequantized element": 5.0}
 # launches that must not use the slow conversion pipe (I2F, F2I, FRND) per element: SR's floor,
-# the dequantize and the GEMM's unpack (session 7 took them out: 1.0-2.0 per element before)
+# the dequantize and the GEMM's unpack (1.0-2.0 per element with conversions)
 NO_SLOW = [k for k in LIMITS if "SR" in k or "dequantize" in k or "main loop" in k]
 
 
@@ -57,7 +55,7 @@ def _compiled(args):
 
 
 def test_quantize_and_dequantize_kernels_stay_lean():
-    out = _compiled([os.path.join("scripts", "sass_count.py")])
+    out = _compiled([os.path.join("dev", "sass_count.py")])
     rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
             for m in re.finditer(r"^\| (.+?) \| [^|]+ \| ([\d.]+) \| \d+ \| ([\d.]+) \|", out.stdout, re.M)}
     counts = {k: v[0] for k, v in rows.items()}
@@ -74,7 +72,7 @@ def test_packed_gemm_compiles_for_ampere_and_ada():
     """The GEMM's PTX dequantize uses only sm_80 instructions (fma.rn.bf16x2, not sm_90's
     mul.rn.bf16x2), so fp4_matmul also runs on A100 / L40-class GPUs: there with pointer loads
     (no TMA) and the tile it takes on any GPU."""
-    code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S\n"
+    code = ("import sys; sys.path.insert(0, 'dev'); import sass_count as S\n"
             "for cap in (80, 89):\n"
             "    for fmt in ('ufp4', 'nvfp4', 'mxfp4'):\n"
             "        S.compile_mm(fmt, *S.mm_config(fmt), cap=cap)\n")
@@ -84,8 +82,8 @@ def test_packed_gemm_compiles_for_ampere_and_ada():
 def test_packed_gemm_reads_its_tiles_through_tma():
     """On sm_90 the GEMM's main loop loads no code or scale tile itself (no LDG): TMA copies them
     into shared memory stages ahead (UTMALDG), which made it 1.05-1.58x faster than loading
-    them into registers one step ahead (results/perf/session13/README.md)."""
-    code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S\n"
+    them into registers one step ahead (docs/kernels.md, the packed GEMM)."""
+    code = ("import sys; sys.path.insert(0, 'dev'); import sass_count as S\n"
             "for fmt in ('ufp4', 'nvfp4', 'mxfp4'):\n"
             "    ops, _ = S.sass(S.compile_mm(fmt, *S.mm_config(fmt)), loop=True)\n"
             "    print(fmt, ops['LDG'], ops['UTMALDG'], ops['HGMMA'])\n")
@@ -101,8 +99,8 @@ def test_packed_gemm_reads_32_block_scales_like_16_block_ones():
     repeats them, _mm_scales): no more shared-memory loads or barriers in the loop than NVFP4's.
     Their [rows, K / 32] tile once went through a layout change in shared memory after the
     wgmma's wait (3-4 LDS, 4-5 more BAR per K step): at 8192^3 MXFP4 3.51 ms against 3.39, MXINT4
-    4.05 against 3.50 (results/perf/session9/mm_scales16.txt, mm_sass_triton36.txt)."""
-    code = ("import sys; sys.path.insert(0, 'scripts'); import sass_count as S\n"
+    4.05 against 3.50 (docs/kernels.md, the packed GEMM)."""
+    code = ("import sys; sys.path.insert(0, 'dev'); import sass_count as S\n"
             "for fmt in ('mxfp4', 'mxint4', 'nvfp4'):\n"
             "    ops, _ = S.sass(S.compile_mm(fmt, *S.mm_config(fmt)), loop=True)\n"
             "    print(fmt, ops['LDS'], ops['BAR'])\n")

@@ -1,8 +1,7 @@
-"""Issue 6's scaling figure from scripts/gpu_ddp_scaling.sh's JSON files (no GPU needed): tokens/s
+"""The DDP scaling figure from dev/gpu_ddp_scaling.sh's JSON files (no GPU needed): tokens/s
 on 1 and N GPUs per recipe, with the speed-up, and each recipe's loss curves on 1 and N GPUs.
 
-    python scripts/ddp_figure.py results/perf/session6/ddp_graphs/ddp_*.json \
-        --out results/perf/session6/ddp_graphs/ddp_scaling.png
+    python dev/ddp_figure.py results/ddp/ddp_*.json --out results/ddp/ddp_scaling.png
 """
 import argparse
 import json

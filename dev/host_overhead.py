@@ -1,9 +1,9 @@
 """Host (CPU) time per call of the FP4 building blocks on tiny tensors, where the GPU work is
-negligible and the wall time per call is the launch path's cost (issue 6: the compiled FP4 step
-was host-bound).
+negligible and the wall time per call is the launch path's cost (a compiled FP4 step without
+CUDA graphs can be host-bound: docs/performance.md).
 
-    python scripts/host_overhead.py              # on the GPU
-    python scripts/host_overhead.py --cpu-stub   # host code only, kernels stubbed (any machine)
+    python dev/host_overhead.py              # on the GPU
+    python dev/host_overhead.py --cpu-stub   # host code only, kernels stubbed (any machine)
 """
 import os
 import sys
@@ -38,7 +38,7 @@ def cpu_stub():
             return lambda *args: None
     for k in (kernels._quant_kernel, kernels._amax_kernel, kernels._dequant_kernel):
         k.run = lambda *a, **kw: NoKernel()
-    fp4._use_triton = lambda x: True
+    fp4.kernels_for = lambda x: kernels
     x = torch.randn(16, 64, dtype=torch.bfloat16, requires_grad=True)
     xq = torch.randn(64, 768, dtype=torch.bfloat16)
 
@@ -86,7 +86,8 @@ def main():
         ("kernels.fake_quant sr rht16 col", lambda: kernels.fake_quant(x, fmt, 0, "sr", 16, seed=3)),
         ("kernels.quantize packed col", lambda: kernels.quantize(x, fmt, 0, "sr", 16, seed=3)),
         ("kernels.quantize_both fake", lambda: kernels.quantize_both(x, fmt, rht=16)),
-        ("fp4._operand fake row", lambda: fp4._operand(x, r.fprop, r, -1, False, 1, dtype=torch.bfloat16)),
+        ("fp4._operand fake row", lambda: fp4._operand(x, fp4._operands(r, torch.ones(6, dtype=torch.long)).fprop_x,
+                                                       r, -1, torch.bfloat16, "")),
         ("_linear_op (forward op, ufp4)", lambda: fp4._linear_op(x, w, None, fp4.recipe_key(r),
                                                                   torch.bfloat16, "", True)),
         ("fp4_linear fwd+bwd ufp4", fwd_bwd("ufp4")),

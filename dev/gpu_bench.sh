@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Training throughput and peak memory per recipe on one H200 (issue 6): GPT-2-small-sized dense
+# Training throughput and peak memory per recipe on one H200 (docs/performance.md): GPT-2-small-sized dense
 # model (eager, and torch.compile without CUDA graphs for bf16/ufp4) and its MoE of similar active
-# size. The CUDA-graph table (the configs' default compile_mode) is scripts/gpu_perf.sh.
-# Usage: OUT=results/bench bash scripts/gpu_bench.sh   (needs data/shakespeare prepared)
+# size. The CUDA-graph table (the configs' default compile_mode) is dev/gpu_perf.sh.
+# Usage: OUT=results/bench bash dev/gpu_bench.sh   (needs data/shakespeare prepared)
 set -uo pipefail
 OUT=${OUT:-results/bench}
 mkdir -p "$OUT" out

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# DDP scaling on the GPUs of one host (issue 6): the GPT-2-small-sized dense model on 1 and on N
+# DDP scaling on the GPUs of one host (docs/performance.md): the GPT-2-small-sized dense model on 1 and on N
 # processes with the same global batch (gradient_accumulation_steps is global), same seed.
-# Usage: [EXTRA='--key=value ...'] OUT=results/ddp bash scripts/gpu_ddp_scaling.sh RECIPE COMPILE [N] [ITERS]
-#   e.g. bash scripts/gpu_ddp_scaling.sh bf16 True 2 40     (needs data/literature prepared)
+# Usage: [EXTRA='--key=value ...'] OUT=results/ddp bash dev/gpu_ddp_scaling.sh RECIPE COMPILE [N] [ITERS]
+#   e.g. bash dev/gpu_ddp_scaling.sh bf16 True 2 40     (needs data/literature prepared)
 # Writes OUT/ddp_<recipe>_compile<True|False>[_<compile_mode from EXTRA>].json and prints tokens/s on 1 and N GPUs, their ratio, and the mean loss
 # of the last 10 steps of each (each rank draws its own batches, so the curves agree statistically,
-# not step for step). python scripts/ddp_figure.py OUT/ddp_*.json draws them (no GPU needed).
+# not step for step). python dev/ddp_figure.py OUT/ddp_*.json draws them (no GPU needed).
 set -uo pipefail
 recipe=${1:?recipe}; compile=${2:?True or False}; n=${3:-2}; iters=${4:-40}
 OUT=${OUT:-results/ddp}

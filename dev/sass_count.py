@@ -3,19 +3,19 @@ packed GEMM's main loop, without a GPU: each launch is compiled for sm_90 (H100/
 own ptxas, the SASS is disassembled, and its instructions are counted per element a thread
 handles. The quantize kernels have no loops, so this is close to what each thread runs; for the
 GEMM, the loop body's count per element it dequantizes in one K step. It shows where a
-quantizer's time goes once it is issue-bound, not bandwidth-bound (results/perf/session4/README.md,
-results/perf/session6/gemm_sass.md). The last column counts the int <-> float conversions and
+quantizer's time goes once it is bound by instruction issue, not bandwidth (docs/kernels.md,
+instruction counts). The last column counts the int <-> float conversions and
 roundings (I2F, I2FP, F2I, FRND; not the bf16 packing F2FP, nor the per-block F2F): the H200 runs
 them at 16 per clock per SM, an eighth of the rate of an fp32 add, so one per element costs about
-as much issue time as eight other instructions (results/perf/session7/README.md).
+as much issue time as eight other instructions.
 
-    python scripts/sass_count.py [--mix]      # --mix: the top opcodes of each launch
+    python dev/sass_count.py [--mix]      # --mix: the top opcodes of each launch
 
 Launch arguments are specialized the way the GPU launch specializes them (16-byte aligned
 pointers, sizes divisible by 16): without that, Triton cannot vectorize, and the counts mean
 nothing. The SASS comes from the local Triton, which may differ from the GPU machine's: for
 the GPU's exact compiler, run it in a venv with that Triton (`pip install triton==3.6.0` beside
-the CPU torch; results/perf/session7/README.md).
+the CPU torch).
 """
 import argparse
 import collections
@@ -37,8 +37,7 @@ import kernels  # noqa: E402
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 # (name, row side, column side, (BM, BN, num_warps, row load mode)); a side: (format, rounding,
 # RHT, packed). The tiles are kernels._tile's defaults at GPT-2 shapes (16384 x 768 / 2304 / 3072;
-# the row-only ones at 3072 wide, 4 x 1024: until the ninth session 8 x 512, which counts the same
-# per element, results/perf/session9/row_tile_sass.txt).
+# the row-only ones at 3072 wide, 4 x 1024; 8 x 512 counts the same per element).
 LAUNCHES = [
     ("x row-wise, RTNE (Fprop)", ("ufp4", "rtne", 16, False), None, (4, 1024, 4, 0)),
     ("dy row-wise, SR (Dgrad)", ("ufp4", "sr", 16, False), None, (4, 1024, 4, 0)),

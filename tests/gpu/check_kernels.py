@@ -2,7 +2,7 @@
 on the same GPU, bit for bit (RTNE); SR statistics; fp4_matmul vs fake quant + mm; FP4Linear
 with backend triton vs backend torch (y, dx, dW).
 
-    python tests/gpu_check_kernels.py [--quick]
+    python tests/gpu/check_kernels.py [--quick]
 
 Exits 0 when all pass, 1 on any failure; prints 'skip' and exits 0 without CUDA."""
 import argparse
@@ -15,7 +15,7 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 if not torch.cuda.is_available():
     print("skip: no CUDA device")

@@ -1,12 +1,13 @@
-"""GPU time of each quantization a GPT-2-small FP4 linear layer runs per micro-step (issue 5/6):
+"""GPU time of each quantization a GPT-2-small FP4 linear layer runs per micro-step:
 the six operands of Fprop / Dgrad / Wgrad plus the dequantize of Wgrad's packed x (x and dy each
 one kernel for both orientations, as the layer runs them, and each half alone), at the four
 linear shapes of a 12 x 768 block (16384 tokens), timed from CUDA-graph replays (no host cost),
 as effective bandwidth over the device copy.
 
-    python scripts/quant_breakdown.py [--recipe=ufp4] [--tokens=16384]
+    python dev/quant_breakdown.py [--recipe=ufp4] [--tokens=16384]
 """
 import argparse
+import contextlib
 import datetime
 import os
 import sys
@@ -77,8 +78,12 @@ def main():
     p.add_argument("--tiles", action="store_true", help="try tile configs on dy's SR quantizations")
     p.add_argument("--sr_only", action="store_true", help="only the SR operands (dy)")
     args = p.parse_args()
-    if args.philox_rounds is not None:
-        kernels.PHILOX_ROUNDS = args.philox_rounds
+    rounds = args.philox_rounds
+    with kernels.philox_rounds(rounds) if rounds is not None else contextlib.nullcontext():
+        breakdown(args)
+
+
+def breakdown(args):
     r = fp4.make_recipe(args.recipe)
     T = args.tokens
     src = torch.randn(T * 4096, device="cuda", dtype=torch.bfloat16)
@@ -96,28 +101,26 @@ def main():
         x = torch.randn(T, n_in, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(T, n_out, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n_out, n_in, device="cuda") * 0.02
-        f, d, g = r.fprop, r.dgrad, r.wgrad
-        q = lambda t, gemm, dim, sr, k, weight=False, packed=False: fp4._operand(  # noqa: E731
-            t, gemm, r, dim, sr, seeds[k], weight=weight, dtype=torch.bfloat16, packed=packed)
-        pair = lambda t, a, b: fp4._operand_pair(t, a, b, r, torch.bfloat16, "")  # noqa: E731
-        qx = q(x, g, 0, g.sr_b, 5, packed=True)
-        packed_x = 0.5 + 4 / fp4.get_format(g.fmt).block  # codes + scales (stored as fp32)
+        op = fp4._operands(r, seeds)
+        q = lambda t, o, dim, packed=False: fp4._operand(  # noqa: E731
+            t, o, r, dim, torch.bfloat16, "", packed=packed)
+        pair = lambda t, a, b, packed_col=False: fp4._operand_pair(  # noqa: E731
+            t, a, b, r, torch.bfloat16, "", packed_col)
+        qx = q(x, op.wgrad_x, 0, packed=True)
+        packed_x = 0.5 + 4 / fp4.get_format(r.wgrad.fmt).block  # codes + scales (stored as fp32)
         # (what, tensor, call, bytes per element, run by the layer: the one-kernel pairs, not
         # their two halves)
         keeps = name in KEEPS_X
-        ops = [("fprop x (row)", x, lambda: q(x, f, -1, f.sr_a, 0), 2 + 2, keeps),
-               ("wgrad x (col, packed)", x, lambda: q(x, g, 0, g.sr_b, 5, packed=True), 2 + packed_x, False),
-               ("x row + col packed, one kernel", x,
-                lambda: pair(x, (f, f.sr_a, seeds[0], False, ""), (g, g.sr_b, seeds[5], True, "")),
+        ops = [("fprop x (row)", x, lambda: q(x, op.fprop_x, -1), 2 + 2, keeps),
+               ("wgrad x (col, packed)", x, lambda: q(x, op.wgrad_x, 0, packed=True), 2 + packed_x, False),
+               ("x row + col packed, one kernel", x, lambda: pair(x, op.fprop_x, op.wgrad_x, True),
                 2 + 2 + packed_x, not keeps),
-               ("wgrad x (col, fake, in backward)", x, lambda: q(x, g, 0, g.sr_b, 5), 2 + 2, keeps),
-               ("fprop W (row, fp32)", w, lambda: q(w, f, -1, f.sr_b, 1, True), 4 + 2, True),
-               ("dgrad dy (row)", dy, lambda: q(dy, d, -1, d.sr_a, 2), 2 + 2, False),
-               ("wgrad dy (col)", dy, lambda: q(dy, g, 0, g.sr_a, 4), 2 + 2, False),
-               ("dy row + col, one kernel", dy,
-                lambda: pair(dy, (d, d.sr_a, seeds[2], False, ""), (g, g.sr_a, seeds[4], False, "")),
-                2 + 2 + 2, True),
-               ("dgrad W (col, fp32)", w, lambda: q(w, d, -2, d.sr_b, 3, True), 4 + 2, True),
+               ("wgrad x (col, fake, in backward)", x, lambda: q(x, op.wgrad_x, 0), 2 + 2, keeps),
+               ("fprop W (row, fp32)", w, lambda: q(w, op.fprop_w, -1), 4 + 2, True),
+               ("dgrad dy (row)", dy, lambda: q(dy, op.dgrad_dy, -1), 2 + 2, False),
+               ("wgrad dy (col)", dy, lambda: q(dy, op.wgrad_dy, 0), 2 + 2, False),
+               ("dy row + col, one kernel", dy, lambda: pair(dy, op.dgrad_dy, op.wgrad_dy), 2 + 2 + 2, True),
+               ("dgrad W (col, fp32)", w, lambda: q(w, op.dgrad_w, -2), 4 + 2, True),
                ("wgrad x dequantize", x, lambda: fp4.dequantize(qx, torch.bfloat16), 2 + packed_x, not keeps)]
         for op, t, fn, bytes_per_el, run in ops:
             if args.sr_only and "dy" not in op:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU acceptance runs on one H200, in one go (issue 3, plus the shrinkage analysis of issue 7):
+# The GPU acceptance runs on one H200, in one go (with the shrinkage analysis of docs/reproduction.md):
 #   1. nanoGPT's shakespeare_char budget in bf16 (6x384, context 256, batch 64, 5000 iters)
 #   2. the flagship, python train.py configs/moe_ufp4.py
 #   3. analyze.py tensors on the bf16 checkpoint of 1
 #   4. a smoke-size paired ablation (bf16, e2m1, ufp4 x 2 seeds, 6 runs at once on the GPU)
-# Usage: OUT=results/gpu bash scripts/gpu_acceptance.sh   (needs data/shakespeare_char and
+# Usage: OUT=results/gpu bash dev/gpu_acceptance.sh   (needs data/shakespeare_char and
 # data/tinyshakespeare_char prepared: the GPU machine has no network)
 set -uo pipefail
 OUT=${OUT:-results/gpu}

@@ -1,6 +1,6 @@
-"""GPU check of the FP4 layers under torch.compile (issue 6), about 1-2 minutes on one H200:
+"""GPU check of the FP4 layers under torch.compile, about 1-2 minutes on one H200:
 
-    python scripts/gpu_check_compile.py
+    python tests/gpu/check_compile.py
 
 1. graph breaks (torch._dynamo.explain) of a converted dense GPT and MoE GPT: none may come from
    the FP4 layers (the MoE router's bincount in model.py is reported, not failed)
@@ -26,7 +26,7 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 CPU = "--cpu" in sys.argv
 if not torch.cuda.is_available() and not CPU:

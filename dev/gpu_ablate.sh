@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The recipe ablation of issue 7 on the GPUs of one host, one model per sitting.
-# Usage: OUT=results/ablate_gpt bash scripts/gpu_ablate.sh gpt [seconds]
-#        MORE_SEEDS=2,3 OUT=... bash scripts/gpu_ablate.sh gpt   (a later sitting: bf16, e2m1, ufp4 only)
-#        OUT=results/ablate_moe bash scripts/gpu_ablate.sh moe [seconds]
+# The recipe ablation (docs/reproduction.md) on the GPUs of one host, one model per sitting.
+# Usage: OUT=results/ablate_gpt bash dev/gpu_ablate.sh gpt [seconds]
+#        MORE_SEEDS=2,3 OUT=... bash dev/gpu_ablate.sh gpt   (a later sitting: bf16, e2m1, ufp4 only)
+#        OUT=results/ablate_moe bash dev/gpu_ablate.sh moe [seconds]
 # gpt: the 8 dense arms (paper_gpt) + a second seed of bf16, e2m1, ufp4: 11 runs.
 # moe: the 4 MoE arms (paper_moe) + a second seed of bf16, e2m1, ufp4: 7 runs.
 # All runs of a sitting train side by side, spread over every visible GPU (needs data/literature
