@@ -123,14 +123,15 @@ def panel_loss(ax, records):
     ax.legend(fontsize=7)
     return True
 
-def panel_scalar(ax, records, key, title, log=False):
+def panel_scalar(ax, records, key, title, log=False, robust=True):
     it, v = series(records, "train", key)
     if not v:
         return False
     ax.plot(it, v, color="C1", lw=0.8)
     if log and min(v) > 0:
         ax.set_yscale("log")
-    ax.set_ylim(robust_limits(v, log=log and min(v) > 0))
+    if robust:   # else matplotlib's own limits: the whole curve (a schedule has no outliers)
+        ax.set_ylim(robust_limits(v, log=log and min(v) > 0))
     ax.set_title(title)
     return True
 
@@ -179,7 +180,7 @@ def panel_alpha(ax, records):
 
 PANELS = (
     ("loss", panel_loss),
-    ("lr", lambda ax, r: panel_scalar(ax, r, "lr", "learning rate")),
+    ("lr", lambda ax, r: panel_scalar(ax, r, "lr", "learning rate", robust=False)),
     ("grad_norm", lambda ax, r: panel_scalar(ax, r, "grad_norm", "gradient norm (before clipping)",
                                              log=True)),
     ("tok_per_s", lambda ax, r: panel_scalar(ax, r, "tok_per_s", "tokens/s")),
