@@ -65,6 +65,18 @@ def clip_grad_norm(model, max_norm):
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
+def all_finite(model):
+    """True when every weight is finite on every rank. A collective when the model is sharded,
+    so that all ranks agree (one rank skipping a checkpoint that the others write would leave
+    them waiting in its gathers)."""
+    local = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())
+                for p in model.parameters())
+    if not is_sharded(model):
+        return local
+    flag = torch.tensor([float(local)], device=next(model.parameters()).device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
 def _options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, **kw)

@@ -76,6 +76,12 @@ def run_rank(folder, tie, rank, dist):
     state, optim = parallel.full_state_dict(model), parallel.full_optimizer_state_dict(model, optimizer)
     assert (len(state) > 0) == (rank == 0)   # gathered to rank 0 alone
     save(dict(model=state, optimizer=optim), "fsdp_step1.pt")
+    finite = [parallel.all_finite(model)]
+    if rank == 1:   # a NaN in one rank's shard: every rank must see it
+        with torch.no_grad():
+            next(model.parameters()).to_local().view(-1)[0] = float("nan")
+    finite.append(parallel.all_finite(model))
+    assert finite == [True, False], finite
     # resume, on fresh weights, from the gathered checkpoint and from the plain run's one
     for name in ("fsdp_step1.pt", "plain_step1.pt"):
         dist.barrier()
