@@ -161,6 +161,59 @@ def test_fsdp2_matches_one_process_bit_for_bit(tmp_path):
         reference_step(plain, optimizer, 1)
         assert_same(plain.state_dict(), step2, f"a plain model resumed from FSDP2 (tie={tie})")
 
+# -----------------------------------------------------------------------------
+# train.py's fsdp switch (runs once train.py has it)
+
+def launch_train(ds, out, **kw):
+    """train.py on two gloo processes; returns their output."""
+    from train_helpers import tiny_args
+    env = dict(os.environ, WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py")] +
+                              tiny_args(ds, str(out), **kw),
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(WORLD)]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-4000:]
+    return outs
+
+def train_has_fsdp():
+    import train
+    return "fsdp" in train.DEFAULTS
+
+@pytest.mark.skipif(not train_has_fsdp(), reason="train.py has no fsdp switch")
+def test_train_fsdp_matches_the_flat_buffer_path_and_resumes(tmp_path):
+    """fsdp=True against the flat all-reduced buffer on the same two ranks (ufp4, MoE with the
+    sigmoid router): the same gradients and AdamW steps, so the same losses. No clipping here:
+    the gradient norm sums over shards in another order (equal to ~1e-7), and an active clip
+    carries that into the weights, where FP4 rounding can flip a code and grow it (1e-5 of loss
+    after a few steps). A run stopped and resumed under FSDP2 equals the uninterrupted one."""
+    from train_helpers import make_char_dataset, read_log
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    kw = dict(recipe="ufp4", max_iters=6, lr_decay_iters=6, eval_interval=3, grad_clip=0.0,
+              gradient_accumulation_steps=2, n_expert=4, top_k=2, router="sigmoid",
+              router_bias_rate=0.01)
+    launch_train(ds, tmp_path / "flat", **kw)
+    launch_train(ds, tmp_path / "fsdp", fsdp=True, **kw)
+    flat, fsdp = read_log(str(tmp_path / "flat")), read_log(str(tmp_path / "fsdp"))
+    assert [r["iter"] for r in fsdp] == list(range(6))
+    assert [r["loss"] for r in flat] == [r["loss"] for r in fsdp]
+    for a, b in zip(flat, fsdp):
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-6 * a["grad_norm"]
+    launch_train(ds, tmp_path / "split", fsdp=True, **dict(kw, max_iters=3))
+    launch_train(ds, tmp_path / "split", fsdp=True, init_from="resume", **kw)
+    split = read_log(str(tmp_path / "split"))
+    assert [(r["loss"], r["grad_norm"]) for r in split] == [(r["loss"], r["grad_norm"]) for r in fsdp]
+    ckpt = torch.load(str(tmp_path / "split" / "ckpt.pt"), weights_only=False)
+    plain = GPT(GPTConfig(**ckpt["model_args"]))
+    plain.load_state_dict(ckpt["model"])   # the gathered checkpoint is a plain model's
+
 def test_shard_model_needs_blocks():
     with pytest.raises(ValueError, match="blocks"):
         parallel.shard_model(torch.nn.Linear(2, 2))
