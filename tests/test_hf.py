@@ -19,6 +19,7 @@ if ROOT not in sys.path:
 import fp4  # noqa: E402
 import hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from train_helpers import keep_global_rng, make_char_dataset, tiny_args  # noqa: E402, F401 (autouse)
 
 transformers = pytest.importorskip("transformers")
 
@@ -202,3 +203,32 @@ def test_safetensors_weights_round_trip_with_tied_embeddings(tmp_path):
         assert torch.equal(state[k], v), k
     from safetensors.torch import load_file   # and any safetensors reader takes the file
     assert len(load_file(path)) == len(state) - 1
+
+# -----------------------------------------------------------------------------
+# train.py's init_from="hf:DIR" and its model.safetensors (run once train.py has them)
+
+def train_source():
+    with open(os.path.join(ROOT, "train.py")) as f:
+        return f.read()
+
+@pytest.mark.skipif("load_hf" not in train_source(), reason="train.py has no init_from='hf:DIR'")
+def test_train_fine_tunes_an_imported_model_in_fp4_and_exports_it(tmp_path):
+    """A Llama directory -> train.py (ufp4) -> checkpoint and model.safetensors -> export ->
+    transformers: the architecture comes from the directory, the trained weights go back out."""
+    import train
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    theirs, folder = hf_model("llama", tmp_path)
+    train.main(tiny_args(ds, str(tmp_path / "out"), init_from=f"hf:{folder}", recipe="ufp4",
+                         max_iters=4, eval_interval=4, n_layer=5, block_size=32))
+    ckpt = hf.read_checkpoint(str(tmp_path / "out"))
+    args = ckpt["model_args"]
+    assert (args["n_layer"], args["n_embd"], args["mlp_hidden"], args["vocab_size"]) == (2, 64, 96, 80)
+    state, meta = hf.load_weights(str(tmp_path / "out" / "model.safetensors"))
+    assert all(torch.equal(state[k], v) for k, v in ckpt["model"].items())
+    assert json.loads(meta["model_args"]) == args
+    hf.export(str(tmp_path / "out"), str(tmp_path / "hf"))
+    ours = GPT(GPTConfig(**args)).eval()
+    ours.load_state_dict(ckpt["model"])
+    idx = torch.randint(0, 80, (2, 32))
+    assert (logits(ours, idx) - load_exported(str(tmp_path / "hf"))(idx).logits).abs().max() < 1e-5
+    assert not torch.equal(logits(ours, idx), theirs(idx).logits)   # it trained

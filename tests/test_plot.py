@@ -12,6 +12,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import plot  # noqa: E402
+from train_helpers import keep_global_rng, make_char_dataset, tiny_args  # noqa: E402, F401 (autouse)
 
 def write_log(folder, moe=False, telemetry=False, n=120, extra_lines=()):
     """A log.jsonl as train.py writes it: evals every 40 iterations, train records every 2."""
@@ -104,3 +105,14 @@ def test_missing_or_empty_log_is_a_one_line_error(tmp_path):
                         str(tmp_path / "empty")], capture_output=True, text=True)
     assert r.returncode == 1 and r.stdout == ""
     assert [line.split(":")[0] for line in r.stderr.strip().splitlines()] == ["error", "error"]
+
+def train_has_plot():
+    import train
+    return "plot" in train.DEFAULTS
+
+@pytest.mark.skipif(not train_has_plot(), reason="train.py does not plot at the end of a run")
+def test_train_plots_its_run(tmp_path):
+    import train
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    train.main(tiny_args(ds, str(tmp_path / "out"), max_iters=4, eval_interval=2))
+    check_png(str(tmp_path / "out" / "log.png"))
