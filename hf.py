@@ -3,6 +3,7 @@ hf.py: model weights in and out of nanoFP4: safetensors, and Hugging Face model 
 
     python hf.py export out/gpt_ufp4 hf/gpt_ufp4           # or a ckpt.pt path; --dtype=bfloat16
     python hf.py export out/gpt2_style/ckpt.pt hf/gpt2_style
+    python hf.py export out/gpt_ufp4/model.safetensors hf/gpt_ufp4
 
 Export writes a transformers model directory (config.json, model.safetensors, tokenizer files,
 nanofp4.json with the checkpoint's model_args, recipe, iteration and dataset meta):
@@ -93,12 +94,25 @@ def _numpy_globals():
     names += [type(np.dtype(t)) for t in ("uint32", "int64", "float64", "uint8")]
     return names
 
+def read_safetensors(path):
+    """A save_weights file that carries model_args (and maybe recipe, iter_num, the dataset's
+    meta) in its metadata, as a checkpoint dict."""
+    state, meta = load_weights(path)
+    if "model_args" not in meta:
+        raise HFError(f"{path} has no model_args in its metadata: export its ckpt.pt instead")
+    info = {k: json.loads(meta[k]) for k in ("model_args", "meta", "iter_num") if k in meta}
+    return dict(info, model=state, recipe=meta.get("recipe"))
+
 def read_checkpoint(src):
     """A train.py checkpoint (path, or out_dir holding ckpt.pt), loaded with weights_only=True:
-    a file from elsewhere cannot run code. -> the checkpoint dict (model, model_args, ...)."""
+    a file from elsewhere cannot run code; or a model.safetensors that save_weights wrote with
+    model_args. -> the checkpoint dict (model, model_args, ...)."""
     path = os.path.join(src, "ckpt.pt") if os.path.isdir(src) else src
     if not os.path.isfile(path):
-        raise HFError(f"no checkpoint at {path}: pass a ckpt.pt or a train.py out_dir")
+        raise HFError(f"no checkpoint at {path}: pass a ckpt.pt, a model.safetensors or a "
+                      f"train.py out_dir")
+    if path.endswith(".safetensors"):
+        return read_safetensors(path)
     try:
         with torch.serialization.safe_globals(_numpy_globals()):
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -382,7 +396,8 @@ def from_gpt2(conf, hf):
 def load_hf(hf_dir, block_size=None):
     """A local Hugging Face Llama or GPT-2 model directory -> (GPTConfig kwargs, state dict that
     GPT(GPTConfig(**kwargs)).load_state_dict takes). block_size: the context to train with
-    (default: the model's max_position_embeddings / n_positions); learned positions are cut to it."""
+    (default: the model's max_position_embeddings / n_positions); learned positions are cut
+    to it."""
     path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(path):
         raise HFError(f"no config.json in {hf_dir}: pass a Hugging Face model directory")
@@ -407,7 +422,7 @@ def load_hf(hf_dir, block_size=None):
 
 # -----------------------------------------------------------------------------
 
-USAGE = "usage: python hf.py export CKPT_OR_OUT_DIR HF_DIR [--dtype=float32|bfloat16]"
+USAGE = "usage: python hf.py export CKPT_OR_OUT_DIR HF_DIR [--dtype=float32|bfloat16] (--help)"
 
 def main(argv):
     opts = [a for a in argv if a.startswith("--")]

@@ -104,7 +104,8 @@ def panel_loss(ax, records):
         return False
     if loss:
         ax.plot(it, loss, color="C0", lw=0.6, alpha=0.35)
-        ax.plot(it, ema(loss, max(2, len(loss) // 25)), color="C0", lw=1.4, label="train (smoothed)")
+        ax.plot(it, ema(loss, max(2, len(loss) // 25)), color="C0", lw=1.4,
+                label="train (smoothed)")
     cit, ce = series(records, "train", "ce_loss")
     if ce:   # MoE: the loss above includes the weighted aux and z losses
         ax.plot(cit, ema(ce, max(2, len(ce) // 25)), color="C4", lw=1, ls="--",

@@ -19,7 +19,8 @@ if ROOT not in sys.path:
 import fp4  # noqa: E402
 import hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from train_helpers import keep_global_rng, make_char_dataset, tiny_args  # noqa: E402, F401 (autouse)
+from train_helpers import (keep_global_rng, make_char_dataset,  # noqa: E402, F401 (autouse)
+                           tiny_args)
 
 transformers = pytest.importorskip("transformers")
 
@@ -54,7 +55,8 @@ def logits(model, idx):
         return model(idx, full_logits=True)[0]
 
 def load_exported(hf_dir):
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, output_loading_info=True)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(hf_dir,
+                                                                    output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
     return model.eval()
 
@@ -74,7 +76,8 @@ def test_export_matches_the_unquantized_forward(tmp_path, style, tie, bias):
     assert diff < 1e-5
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     text = "he hid me\nbad"
-    assert tok.encode(text) == [ITOS.index(c) for c in text] and tok.decode(tok.encode(text)) == text
+    assert tok.encode(text) == [ITOS.index(c) for c in text]
+    assert tok.decode(tok.encode(text)) == text
     info = json.load(open(tmp_path / "hf" / "nanofp4.json"))
     assert info["recipe"] == "ufp4" and info["iter_num"] == 7 and info["meta"]["itos"] == ITOS
     assert json.load(open(tmp_path / "hf" / "char_vocab.json"))["itos"] == ITOS
@@ -204,6 +207,20 @@ def test_safetensors_weights_round_trip_with_tied_embeddings(tmp_path):
     from safetensors.torch import load_file   # and any safetensors reader takes the file
     assert len(load_file(path)) == len(state) - 1
 
+def test_export_from_a_safetensors_file_with_model_args(tmp_path):
+    model = small_model("llama")
+    meta = dict(tokenizer="char", vocab_size=len(ITOS), itos=ITOS)
+    path = hf.save_weights(model.state_dict(), str(tmp_path / "model.safetensors"),
+                           metadata=dict(model_args=dataclasses.asdict(model.config),
+                                         recipe="ufp4", iter_num=7, meta=meta))
+    assert "char tokenizer" in hf.export(path, str(tmp_path / "hf"))
+    idx = torch.randint(0, len(ITOS), (2, 32))
+    theirs = load_exported(str(tmp_path / "hf"))
+    assert (logits(model, idx) - theirs(idx).logits).abs().max() < 1e-5
+    hf.save_weights(model.state_dict(), str(tmp_path / "bare.safetensors"))
+    with pytest.raises(hf.HFError, match="no model_args"):
+        hf.export(str(tmp_path / "bare.safetensors"), str(tmp_path / "hf2"))
+
 # -----------------------------------------------------------------------------
 # train.py's init_from="hf:DIR" and its model.safetensors (run once train.py has them)
 
@@ -222,7 +239,8 @@ def test_train_fine_tunes_an_imported_model_in_fp4_and_exports_it(tmp_path):
                          max_iters=4, eval_interval=4, n_layer=5, block_size=32))
     ckpt = hf.read_checkpoint(str(tmp_path / "out"))
     args = ckpt["model_args"]
-    assert (args["n_layer"], args["n_embd"], args["mlp_hidden"], args["vocab_size"]) == (2, 64, 96, 80)
+    arch = (args["n_layer"], args["n_embd"], args["mlp_hidden"], args["vocab_size"])
+    assert arch == (2, 64, 96, 80)   # the directory's, not the config's n_layer=5
     state, meta = hf.load_weights(str(tmp_path / "out" / "model.safetensors"))
     assert all(torch.equal(state[k], v) for k, v in ckpt["model"].items())
     assert json.loads(meta["model_args"]) == args

@@ -73,7 +73,8 @@ def run_rank(folder, tie, rank, dist):
     forward_backward(model, 0, rank)
     save({n: p.grad.full_tensor() for n, p in model.named_parameters()}, "grads0.pt")
     save(optimizer_step(model, optimizer), "norm0.pt")
-    state, optim = parallel.full_state_dict(model), parallel.full_optimizer_state_dict(model, optimizer)
+    state = parallel.full_state_dict(model)
+    optim = parallel.full_optimizer_state_dict(model, optimizer)
     assert (len(state) > 0) == (rank == 0)   # gathered to rank 0 alone
     save(dict(model=state, optimizer=optim), "fsdp_step1.pt")
     finite = [parallel.all_finite(model)]
@@ -145,7 +146,8 @@ def test_fsdp2_matches_one_process_bit_for_bit(tmp_path):
         want[tie] = grads, norm, step1, optim1, model.state_dict()
     run_workers(tmp_path)
     for tie, (grads, norm, step1, optim1, step2) in want.items():
-        got = lambda name: torch.load(str(tmp_path / f"{tie}_{name}"), weights_only=True)  # noqa: E731
+        def got(name, tie=tie):
+            return torch.load(str(tmp_path / f"{tie}_{name}"), weights_only=True)
         assert_same(got("grads0.pt"), grads, f"gradients (tie={tie})")
         assert torch.allclose(got("norm0.pt"), norm, rtol=1e-6, atol=0) and norm < 10.0
         fsdp1 = got("fsdp_step1.pt")
@@ -209,7 +211,8 @@ def test_train_fsdp_matches_the_flat_buffer_path_and_resumes(tmp_path):
     launch_train(ds, tmp_path / "split", fsdp=True, **dict(kw, max_iters=3))
     launch_train(ds, tmp_path / "split", fsdp=True, init_from="resume", **kw)
     split = read_log(str(tmp_path / "split"))
-    assert [(r["loss"], r["grad_norm"]) for r in split] == [(r["loss"], r["grad_norm"]) for r in fsdp]
+    steps = lambda log: [(r["loss"], r["grad_norm"]) for r in log]  # noqa: E731
+    assert steps(split) == steps(fsdp)
     ckpt = torch.load(str(tmp_path / "split" / "ckpt.pt"), weights_only=False)
     plain = GPT(GPTConfig(**ckpt["model_args"]))
     plain.load_state_dict(ckpt["model"])   # the gathered checkpoint is a plain model's

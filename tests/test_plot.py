@@ -12,7 +12,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import plot  # noqa: E402
-from train_helpers import keep_global_rng, make_char_dataset, tiny_args  # noqa: E402, F401 (autouse)
+from train_helpers import (keep_global_rng, make_char_dataset,  # noqa: E402, F401 (autouse)
+                           tiny_args)
 
 def write_log(folder, moe=False, telemetry=False, n=120, extra_lines=()):
     """A log.jsonl as train.py writes it: evals every 40 iterations, train records every 2."""
@@ -73,7 +74,7 @@ def test_limits_keep_the_start_and_drop_a_spike(tmp_path):
     records = plot.read_records(write_log(tmp_path / "run"))
     _, loss = plot.series(records, "train", "loss")
     lo, hi = plot.robust_limits(loss)
-    assert hi >= 4.0 * math.exp(-4 / 50) + 1.5   # the descent from the first iterations stays in view
+    assert hi >= 4.0 * math.exp(-4 / 50) + 1.5   # the first iterations' descent stays in view
     assert lo <= min(loss) + 0.05
     _, norm = plot.series(records, "train", "grad_norm")
     assert plot.robust_limits(norm)[1] < 2.0      # one 51.0 spike does not flatten the curve
