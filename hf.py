@@ -57,8 +57,8 @@ def save_weights(state_dict, path, metadata=None):
     from safetensors.torch import save_file
     tensors, aliases, seen = {}, {}, {}
     for name, t in state_dict.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype) \
-            if t.device.type != "meta" else None
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+               t.stride(), t.dtype)
         if key in seen:
             aliases[name] = seen[key]
             continue
