@@ -35,7 +35,7 @@ comfortably, twelve ran out of memory. Finished runs are skipped and interrupted
 their last checkpoint, so a sweep spreads over sittings (--stop_after ends a sitting on time);
 the report always covers every finished run in --out. Layout of --out: bases/<recipe>_s<seed>
 (the base's run), bases/<recipe>_s<seed>_at<p>/ckpt.pt (its state at step p, a hard link),
-forks/<recipe>_s<seed>_at<p>/<arm> (one fork), logs/ (train.py's output), summary.md,
+forks/<recipe>_s<seed>_at<p>_to<end>/<arm> (one fork), logs/ (train.py's output), summary.md,
 summary.json, fork_curves.png.
 
 The seed-per-arm design (`seeds`): every arm from scratch with paired seeds (same init and
@@ -260,7 +260,7 @@ class Plan:
         return os.path.join(self.out, "bases", f"{recipe}_s{seed}_at{step}", "ckpt.pt")
 
     def fork_dir(self, recipe, seed, step, arm):
-        return os.path.join(self.out, "forks", f"{recipe}_s{seed}_at{step}", arm)
+        return os.path.join(self.out, "forks", f"{recipe}_s{seed}_at{step}_to{self.end}", arm)
 
 
 def base_jobs(plan, recipe, seed, points):
@@ -314,7 +314,7 @@ def fork_job(plan, recipe, seed, p, arm):
             for f in glob.glob(os.path.join(d, "ckpt*.pt")):
                 os.remove(f)
 
-    return Job(f"fork/{recipe}_s{seed}_at{p}/{arm}", d, argv,
+    return Job(f"fork/{recipe}_s{seed}_at{p}_to{plan.end}/{arm}", d, argv,
                lambda: os.path.exists(os.path.join(d, "done.json")), finish,
                after=(f"base/{recipe}_s{seed}_at{p}",))
 
@@ -342,8 +342,8 @@ def make_plan(args, extra, parser):
     plan = Plan(args.config, list(extra), args.out, end, cfg["lr_decay_iters"] or cfg["max_iters"],
                 args.eval_iters or cfg["eval_iters"], args.drop_fork_ckpts)
     os.makedirs(plan.out, exist_ok=True)
-    stamp_path, stamp = os.path.join(plan.out, "ablate.json"), dict(config=plan.config, extra=plan.extra,
-                                                                     schedule=plan.schedule)
+    stamp_path = os.path.join(plan.out, "ablate.json")
+    stamp = dict(config=plan.config, extra=plan.extra, schedule=plan.schedule, eval_iters=plan.eval_iters)
     if os.path.exists(stamp_path):
         old = json.load(open(stamp_path))
         if old != stamp:

@@ -42,7 +42,7 @@ def log_of(d, kind):
 
 
 def scores_by_hand(out, seed, arm, fork_at=4, end=8):
-    d = os.path.join(out, "forks", f"bf16_s{seed}_at{fork_at}", arm)
+    d = os.path.join(out, "forks", f"bf16_s{seed}_at{fork_at}_to{end}", arm)
     train_losses = [r["loss"] for r in log_of(d, "train") if fork_at <= r["iter"] < end]
     assert len(train_losses) == end - fork_at   # forks log every step of their window
     return sum(train_losses) / len(train_losses), [r for r in log_of(d, "eval") if r["iter"] == end][-1]["val_loss"]
@@ -59,7 +59,7 @@ def test_fork_design_end_to_end_with_skip_and_resume(tmp_path):
         base_evals = [r["iter"] for r in log_of(os.path.join(out, "bases", f"bf16_s{seed}"), "eval")]
         assert max(base_evals) == 4       # the base stops at the fork point
         for arm in ("bf16", "e2m1"):      # bf16, the reference, is added
-            d = os.path.join(out, "forks", f"bf16_s{seed}_at4", arm)
+            d = os.path.join(out, "forks", f"bf16_s{seed}_at4_to8", arm)
             assert os.path.exists(os.path.join(d, "done.json"))
             assert log_of(d, "train")[0]["iter"] == 4   # resumed from the base's step-4 state
     # the report's paired arithmetic, against a hand computation from the logs
@@ -85,7 +85,7 @@ def test_fork_design_end_to_end_with_skip_and_resume(tmp_path):
     subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, check=True)
     stdout = ablate_cli(*cmd)
     assert "5 runs already done, 1 to run" in stdout        # bases and other forks are skipped
-    resumed = open(os.path.join(out, "logs", "fork__bf16_s1_at4__e2m1.txt")).read()
+    resumed = open(os.path.join(out, "logs", "fork__bf16_s1_at4_to8__e2m1.txt")).read()
     assert f"resumed from {os.path.join(job.out_dir, 'ckpt.pt')} at iter 6" in resumed
     assert scores_by_hand(out, 1, "e2m1") == pytest.approx(by_hand["e2m1", 1], abs=1e-6)
     # `report` recomputes the same tables from the runs on disk

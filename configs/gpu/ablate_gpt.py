@@ -6,8 +6,8 @@
 # 8 layers x 384, SwiGLU, RMSNorm, RoPE, tied embeddings: 33.6M parameters (14.2M non-embedding),
 # context 512, 16,384 tokens per step, 1500 steps = 24.6M tokens, 0.9 of `literature`'s 28M train
 # tokens. Batches are windows at random offsets drawn with replacement, so this is not one pass over
-# the data: about 41 % of the train tokens are never seen and about 22 % are seen more than once
-# (Poisson with mean 0.88 per token). Six runs of this model share one H200 comfortably; twelve
+# the data: about 42 % of the train tokens are never seen and about 22 % are seen more than once
+# (Poisson with mean 0.87 per token). Six runs of this model share one H200 comfortably; twelve
 # ran out of memory.
 out_dir = "out/ablate_gpt_{recipe}"
 dataset = "literature"
