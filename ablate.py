@@ -629,45 +629,45 @@ def _smooth(xs, k):
 
 
 def plot_forks(groups, ref, path):
-    """Per group: the arms' train loss over the fork window (mean over bases, moving average) and
-    val loss at each eval (markers); beside it the paired difference to the reference."""
+    """One row per group: the arms' train loss over the fork window (mean over bases, moving
+    average), their val loss at each eval of the window, and the paired difference of both to the
+    reference (a third panel only where the reference ran). One colour per arm, one legend a row."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     keys = sorted(groups)
-    has_ref = [ref in groups[k] for k in keys]
-    ncol = 2 if any(has_ref) else 1
-    fig, axes = plt.subplots(len(keys), ncol, figsize=(6.5 * ncol, 4 * len(keys)), squeeze=False)
+    ncol = 3 if any(ref in groups[k] for k in keys) else 2
+    fig, axes = plt.subplots(len(keys), ncol, figsize=(5.2 * ncol + 2, 3.8 * len(keys)), squeeze=False)
     for row, key in enumerate(keys):
         runs, (recipe, p, end, _) = groups[key], key
-        ax = axes[row][0]
-        for i, arm in enumerate(a for a in ARMS if a in runs):
+        arms = [a for a in ARMS if a in runs]
+        colors = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20")
+        a_tr, a_va, a_d = axes[row][0], axes[row][1], axes[row][2] if ncol == 3 else None
+        for i, arm in enumerate(arms):
+            kw = dict(color=colors(i), lw=1.2)
             tr, va = _mean_curves(runs[arm])
-            it = sorted(tr)
-            ax.plot(it, _smooth([tr[j] for j in it], max(1, len(it) // 25)), color=f"C{i % 10}", lw=1.2,
-                    label=f"{arm} train")
-            vi = sorted(j for j in va if j >= p)
-            ax.plot(vi, [va[j] for j in vi], "o--", color=f"C{i % 10}", ms=4, lw=0.8, label=f"{arm} val")
-            if ncol == 2 and has_ref[row] and arm != ref:
+            it, vi = sorted(tr), sorted(j for j in va if j >= p)
+            a_tr.plot(it, _smooth([tr[j] for j in it], max(1, len(it) // 25)), label=f"{arm} train", **kw)
+            a_va.plot(vi, [va[j] for j in vi], "o-", ms=4, label=f"{arm} val", **kw)
+            if a_d is not None and ref in runs and arm != ref:
                 rtr, rva = _mean_curves(runs[ref], seeds=runs[arm])
-                both = [j for j in it if j in rtr]
-                d = _smooth([tr[j] - rtr[j] for j in both], max(1, len(both) // 25))
-                axes[row][1].plot(both, d, color=f"C{i % 10}", lw=1.2, label=f"{arm} train")
-                vb = [j for j in vi if j in rva]
-                axes[row][1].plot(vb, [va[j] - rva[j] for j in vb], "o--", color=f"C{i % 10}", ms=4,
-                                  lw=0.8, label=f"{arm} val")
-        ax.set(xlabel="iteration", ylabel="loss (mean over bases)",
-               title=f"{recipe} bases, forks {p} -> {end}: train (moving avg) and val")
-        ax.legend(fontsize=7, ncol=2)
-        if ncol == 2:
-            a2 = axes[row][1]
-            if has_ref[row]:
-                a2.axhline(0, color="k", lw=0.5)
-                a2.set(xlabel="iteration", ylabel=f"L - L_{ref} (nats, paired by base)",
-                       title=f"paired difference to {ref}")
-                a2.legend(fontsize=7, ncol=2)
+                both, vb = [j for j in it if j in rtr], [j for j in vi if j in rva]
+                a_d.plot(both, _smooth([tr[j] - rtr[j] for j in both], max(1, len(both) // 25)),
+                         label=f"{arm} train", **kw)
+                a_d.plot(vb, [va[j] - rva[j] for j in vb], "o--", ms=4, label=f"{arm} val", **kw)
+        n = len({s for r in runs.values() for s in r})
+        a_tr.set(xlabel="iteration", ylabel="train loss", title=f"{recipe} bases (n={n}), fork {p} -> {end}: "
+                 f"train, moving average")
+        a_va.set(xlabel="iteration", ylabel="val loss", title="val loss at the window's evals")
+        if a_d is not None:
+            if ref in runs:
+                a_d.axhline(0, color="k", lw=0.5)
+                a_d.set(xlabel="iteration", ylabel=f"L - L_{ref} (nats)",
+                        title=f"paired difference to {ref}: train (line), val (dots)")
             else:
-                a2.axis("off")
+                a_d.axis("off")
+        handles = [plt.Line2D([], [], color=colors(i), lw=2) for i in range(len(arms))]
+        axes[row][-1].legend(handles, arms, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return fig

@@ -152,17 +152,18 @@ def fake_fork_runs():
 
 def test_fork_plot_draws_train_and_val_curves_and_no_empty_panel(tmp_path):
     fig = ablate.plot_forks(fake_fork_runs(), "bf16", str(tmp_path / "f.png"))
-    left, right = fig.axes
-    labels = {ln.get_label(): ln for ln in left.lines}
-    assert {"bf16 train", "bf16 val", "e2m1 train", "e2m1 val"} <= set(labels)
-    assert list(labels["e2m1 val"].get_xdata()) == [125, 150]   # the evals of the fork window
-    assert labels["e2m1 val"].get_ydata()[-1] == pytest.approx(2.625)  # mean over the two bases
-    assert min(labels["bf16 train"].get_xdata()) == 100          # the fork window only
-    diff = {ln.get_label(): ln for ln in right.lines}["e2m1 val"]
+    train_ax, val_ax, diff_ax = fig.axes
+    train_lines = {ln.get_label(): ln for ln in train_ax.lines}
+    val_lines = {ln.get_label(): ln for ln in val_ax.lines}
+    assert {"bf16 train", "e2m1 train"} <= set(train_lines) and {"bf16 val", "e2m1 val"} <= set(val_lines)
+    assert list(val_lines["e2m1 val"].get_xdata()) == [125, 150]   # the evals of the fork window
+    assert val_lines["e2m1 val"].get_ydata()[-1] == pytest.approx(2.625)  # mean over the two bases
+    assert min(train_lines["bf16 train"].get_xdata()) == 100       # the fork window only
+    diff = {ln.get_label(): ln for ln in diff_ax.lines}["e2m1 val"]
     assert list(diff.get_ydata()) == pytest.approx([0.02, 0.02])
-    # no reference among the runs: one panel, not an empty second one
+    # no reference among the runs: no third (empty) panel
     only = {k: {"e2m1": v["e2m1"]} for k, v in fake_fork_runs().items()}
-    assert len(ablate.plot_forks(only, "bf16", str(tmp_path / "g.png")).axes) == 1
+    assert len(ablate.plot_forks(only, "bf16", str(tmp_path / "g.png")).axes) == 2
 
 
 def test_seed_plot_shows_the_whole_run_and_val_curves(tmp_path):
