@@ -6,8 +6,8 @@ analyze.py: shrinkage analysis, the paper's tensor-level measurements.
       capture the real operands of every quantized GEMM of a trained bf16 checkpoint (inputs of
       qkv/proj/fc1/fc2, weights, and dy from one backward pass) and report alpha, SQNR and
       B_eff per format, with and without RHT (markdown + jsonl); then the depth picture: one
-      batch forward under each recipe with the same weights, per-block RMS ratio to bf16 and the
-      running product of alphas (json + png)
+      batch forward under each recipe with the same weights, per-block RMS ratio to bf16 and each
+      block's mean per-GEMM Fprop attenuation (json + png)
 
 All the math lives in fp4.py (attenuation, sqnr_db, bucket_use, bin_bias); this file only
 collects tensors and prints or draws.
@@ -138,9 +138,11 @@ def tensor_table(model, loader, out_prefix):
                      f"{mean('sqnr_db'):.2f} | {mean('b_eff'):.3f} |")
     text = "\n".join(lines)
     with open(out_prefix + "_tensors.md", "w") as f:
-        f.write("Mean over layers of each GEMM operand of one val batch (x: layer input, W: "
-                "weight, dy: output gradient), quantized along its Fprop/Dgrad reduction dim.\n\n"
-                + text + "\n")
+        f.write(f"Mean over layers of each GEMM operand of ONE val batch (x: layer input, W: "
+                f"weight, dy: output gradient), quantized along its Fprop/Dgrad reduction dim with "
+                f"round-to-nearest (RTNE) only. mlp.fc2.x is this model's MLP nonlinearity output "
+                f"({model.config.mlp}). Per layer, over several batches, with intervals: "
+                f"`analyze.py mechanism`.\n\n" + text + "\n")
     with open(out_prefix + "_tensors.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     return text
@@ -149,8 +151,11 @@ def tensor_table(model, loader, out_prefix):
 @torch.no_grad()
 def depth_profile(model, loader, recipes, out_prefix):
     """One batch forward under each recipe with the same (bf16-trained) weights: per block, the
-    RMS of the hidden state relative to bf16's, and the running product of the Fprop operand
-    alphas (alpha_x * alpha_W of every quantized linear up to that block)."""
+    RMS of the hidden state relative to bf16's (measured), and the mean over the block's quantized
+    linears of their Fprop attenuation alpha_x * alpha_W (each GEMM's own). No running product of
+    alphas: the linears are not in series (the residual stream adds the attention and MLP branches
+    to an unquantized path; q, k, v and SwiGLU's gate and up run side by side), so a product over
+    them predicts nothing (it came out far below the measured RMS ratio)."""
     import copy
     x, _ = loader.next_batch()
 
@@ -165,40 +170,42 @@ def depth_profile(model, loader, recipes, out_prefix):
     ref = hidden_states(model)
     result = {}
     for name in recipes:
-        recipe = fp4.make_recipe(name)
-        m = fp4.convert(copy.deepcopy(model), recipe)
-        alphas = []   # per block: product of alpha_x * alpha_W over its quantized linears
-        hooks = []
+        m = fp4.convert(copy.deepcopy(model), fp4.make_recipe(name))
+        per_block, hooks = [], []
         for block in m.blocks:
-            prod = [1.0]
-
-            def hook(mod, inp, out, prod=prod):
-                f = mod.recipe.fprop
-                if isinstance(mod, fp4.FP4Linear) and f.fmt:
-                    xi = inp[0].reshape(-1, inp[0].shape[-1])
-                    rht = mod.recipe.rht_size if f.rht else None
-                    ref_x = fp4.rht_transform(xi, rht) if rht else xi.float()
-                    ref_w = fp4.rht_transform(mod.weight, rht) if rht else mod.weight.float()
-                    fmt_w = fp4.replace(fp4.get_format(f.fmt), block_2d=mod.recipe.weight_2d)
-                    prod[0] *= fp4.attenuation(ref_x, fp4.fake_quant(xi, f.fmt, rht=rht, dtype=torch.float32))
-                    prod[0] *= fp4.attenuation(ref_w, fp4.fake_quant(mod.weight, fmt_w, rht=rht,
-                                                                      dtype=torch.float32))
+            alphas = []
             for mod in block.modules():
                 if isinstance(mod, fp4.FP4Linear):
-                    hooks.append(mod.register_forward_hook(hook))
-            alphas.append(prod)
+                    hooks.append(mod.register_forward_hook(
+                        lambda mod, inp, out, alphas=alphas: alphas.append(fprop_attenuation(mod, inp[0]))))
+            per_block.append(alphas)
         hs = hidden_states(m)
         for h in hooks:
             h.remove()
-        running, chain = 1.0, []
-        for p in alphas:
-            running *= p[0]
-            chain.append(running)
         result[name] = dict(rms_ratio=[(h.pow(2).mean() / r.pow(2).mean()).sqrt().item()
                                        for h, r in zip(hs, ref)],
-                            alpha_chain=chain)
+                            gemm_attenuation=[sum(a) / len(a) if a else 1.0 for a in per_block])
     with open(out_prefix + "_depth.json", "w") as f:
         json.dump(result, f, indent=1)
+    draw_depth(result, out_prefix + "_depth.png")
+    return result
+
+
+def fprop_attenuation(mod, x):
+    """alpha_x * alpha_W of one FP4Linear's Fprop GEMM on input x (in its RHT basis if any)."""
+    f = mod.recipe.fprop
+    if not f.fmt:
+        return 1.0
+    xi = x.reshape(-1, x.shape[-1])
+    rht = mod.recipe.rht_size if f.rht else None
+    ref_x = fp4.rht_transform(xi, rht) if rht else xi.float()
+    ref_w = fp4.rht_transform(mod.weight, rht) if rht else mod.weight.float()
+    fmt_w = fp4.replace(fp4.get_format(f.fmt), block_2d=mod.recipe.weight_2d)
+    return (fp4.attenuation(ref_x, fp4.fake_quant(xi, f.fmt, rht=rht, dtype=torch.float32))
+            * fp4.attenuation(ref_w, fp4.fake_quant(mod.weight, fmt_w, rht=rht, dtype=torch.float32)))
+
+
+def draw_depth(result, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -206,15 +213,14 @@ def depth_profile(model, loader, recipes, out_prefix):
     for i, (name, r) in enumerate(result.items()):
         layers = range(1, len(r["rms_ratio"]) + 1)
         a1.plot(layers, r["rms_ratio"], "o-", color=f"C{i}", label=name)
-        a2.plot(layers, r["alpha_chain"], "o-", color=f"C{i}", label=name)
+        a2.plot(layers, r["gemm_attenuation"], "o-", color=f"C{i}", label=name)
     a1.axhline(1, color="k", lw=0.5), a2.axhline(1, color="k", lw=0.5)
-    a1.set(xlabel="block", ylabel="RMS(h) / RMS(h_bf16)", title="hidden-state RMS vs bf16")
-    a2.set(xlabel="block", ylabel="running product of alpha_x * alpha_W",
-           title="compounded Fprop attenuation")
+    a1.set(xlabel="block", ylabel="RMS(h) / RMS(h_bf16)", title="hidden-state RMS vs bf16 (measured)")
+    a2.set(xlabel="block", ylabel="mean alpha_x * alpha_W over the block's linears",
+           title="per-GEMM Fprop attenuation (not compounded)")
     a1.legend(fontsize=8), a2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_prefix + "_depth.png", dpi=110)
-    return result
+    fig.savefig(path, dpi=110)
 
 
 def analyze_checkpoint(ckpt_path, out_prefix, device="cpu"):
@@ -224,7 +230,8 @@ def analyze_checkpoint(ckpt_path, out_prefix, device="cpu"):
     model.zero_grad(set_to_none=True)
     depth = depth_profile(model, loader, ["e2m1", "ufp4", "nvfp4", "mxfp4"], out_prefix)
     for name, r in depth.items():
-        print(f"{name:6s} last-block RMS ratio {r['rms_ratio'][-1]:.4f}, alpha chain {r['alpha_chain'][-1]:.4f}")
+        print(f"{name:6s} last-block RMS ratio {r['rms_ratio'][-1]:.4f}, mean per-GEMM attenuation "
+              f"{sum(r['gemm_attenuation']) / len(r['gemm_attenuation']):.4f}")
     print(f"wrote {out_prefix}_tensors.md, _tensors.jsonl, _depth.json, _depth.png")
 
 
