@@ -267,8 +267,9 @@ def base_jobs(plan, recipe, seed, points):
     """One job per fork point: train the base to p (resuming from the previous point), then keep
     its step-p checkpoint as a hard link (no copy) beside it."""
     d, jobs = plan.base_dir(recipe, seed), []
+    live = os.path.exists(os.path.join(d, "ckpt.pt"))  # else it starts again from scratch
     reached = max((r["iter"] for r in read_log(os.path.join(d, "log.jsonl")) if r.get("type") == "eval"),
-                  default=0)
+                  default=0) if live else 0
     for i, p in enumerate(points):
         snap = plan.snapshot(recipe, seed, p)
         if not os.path.exists(snap) and reached > p:
@@ -319,6 +320,36 @@ def fork_job(plan, recipe, seed, p, arm):
                after=(f"base/{recipe}_s{seed}_at{p}",))
 
 
+def needed(base_jobs_, forks):
+    """The forks, and the base jobs that an unfinished fork needs (directly or through a later
+    point of the same base). Finished forks need no base: a sitting on a fresh machine, with only
+    the logs of earlier sittings copied into --out, retrains only the bases it forks from."""
+    by_name = {j.name: j for j in base_jobs_}
+    want, stack = set(), [a for f in forks if not f.done() for a in f.after]
+    while stack:
+        name = stack.pop()
+        if name not in want:
+            want.add(name)
+            stack += list(by_name[name].after)
+    return [j for j in base_jobs_ if j.name in want] + forks
+
+
+def pack(out, path):
+    """What the report needs from --out, and what the next sitting needs to skip finished forks:
+    ablate.json, every run's log.jsonl and done.json, the stdout logs and the summary (no
+    checkpoints). Unpack with `tar xzf PATH -C FOLDER`, where FOLDER holds --out."""
+    import tarfile
+    keep = ("ablate.json", "summary.md", "summary.json", "fork_curves.png", "log.jsonl", "done.json")
+    parent = os.path.dirname(os.path.abspath(out))
+    with tarfile.open(path, "w:gz") as tar:
+        for root, _, files in os.walk(out):
+            for f in sorted(files):
+                if f in keep or os.path.basename(root) == "logs":
+                    full = os.path.join(root, f)
+                    tar.add(full, arcname=os.path.relpath(os.path.abspath(full), parent))
+    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+
+
 def make_plan(args, extra, parser):
     """The plan from the command line and the config (through train.py's own config parser),
     checked against what an earlier sitting in the same --out used."""
@@ -359,8 +390,9 @@ def fork_main(args, extra, parser):
     for recipe in args.base_recipes:
         for seed in args.bases:
             jobs += base_jobs(plan, recipe, seed, points)
-    jobs += [fork_job(plan, recipe, seed, p, arm) for p in points for seed in args.bases
+    forks = [fork_job(plan, recipe, seed, p, arm) for p in points for seed in args.bases
              for recipe in args.base_recipes for arm in args.arms]
+    jobs = needed(jobs, forks)
     gpus = [g for g in args.gpus.split(",") if g]
     left = run_jobs(jobs, args.parallel, gpus, os.path.join(plan.out, "logs"), args.stop_after)
     fork_report(plan.out, args.ref)
@@ -897,6 +929,10 @@ def build_parser():
     r = sub.add_parser("report", help="redo the report from every finished run in --out")
     r.add_argument("--out", required=True)
     r.add_argument("--ref", default="bf16")
+    k = sub.add_parser("pack", help="a .tar.gz of --out's logs and done markers (no checkpoints): what "
+                       "a later sitting or the report needs")
+    k.add_argument("--out", required=True)
+    k.add_argument("--to", required=True, help="the .tar.gz to write")
     s = sub.add_parser("seeds", help="the seed-per-arm design (every arm from scratch per seed)")
     s.add_argument("config")
     s.add_argument("--arms", default="paper_gpt", help=f"comma list of {sorted(ARMS)} or a group {sorted(GROUPS)}")
@@ -913,12 +949,16 @@ def build_parser():
 
 
 def main(argv):
-    if argv and argv[0] not in ("fork", "report", "seeds") and os.path.isfile(argv[0]):
+    if argv and argv[0] not in ("fork", "report", "seeds", "pack") and os.path.isfile(argv[0]):
         print("note: no subcommand: running `ablate.py seeds` (seed-per-arm); the forked design is "
               "`ablate.py fork`", flush=True)
         argv = ["seeds", *argv]
     p = build_parser()
     args, extra = p.parse_known_args(argv)
+    if args.cmd == "pack":
+        if extra:
+            p.error(f"pack takes only --out and --to, got {extra}")
+        return pack(args.out, args.to)
     if args.cmd == "report":
         if extra:
             p.error(f"report takes only --out and --ref, got {extra}")

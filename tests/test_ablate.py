@@ -1,6 +1,7 @@
 """ablate.py: the forked design end to end on tiny CPU runs (bases, forks, skip, resume, report
 arithmetic), the gap-reduction interval on synthetic numbers, the arms' train.py overrides, the
 plots, and the seed-per-arm design."""
+import glob
 import json
 import math
 import os
@@ -48,7 +49,7 @@ def scores_by_hand(out, seed, arm, fork_at=4, end=8):
     return sum(train_losses) / len(train_losses), [r for r in log_of(d, "eval") if r["iter"] == end][-1]["val_loss"]
 
 
-def test_fork_design_end_to_end_with_skip_and_resume(tmp_path):
+def test_fork_design_end_to_end_with_skip_and_resume(tmp_path, capsys):
     ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
     cfg = write_config(tmp_path, ds)
     out = str(tmp_path / "fork")
@@ -84,16 +85,27 @@ def test_fork_design_end_to_end_with_skip_and_resume(tmp_path):
     argv = [a.replace("--max_iters=8", "--max_iters=6") for a in job.argv()]
     subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, check=True)
     stdout = ablate_cli(*cmd)
-    assert "5 runs already done, 1 to run" in stdout        # bases and other forks are skipped
+    # the three other forks and the one base this fork needs are done; base 0 is not needed
+    assert "4 runs already done, 1 to run" in stdout
     resumed = open(os.path.join(out, "logs", "fork__bf16_s1_at4_to8__e2m1.txt")).read()
     assert f"resumed from {os.path.join(job.out_dir, 'ckpt.pt')} at iter 6" in resumed
     assert scores_by_hand(out, 1, "e2m1") == pytest.approx(by_hand["e2m1", 1], abs=1e-6)
     # `report` recomputes the same tables from the runs on disk
     os.remove(os.path.join(out, "summary.json"))
-    ablate_cli("report", f"--out={out}")
+    ablate.main(["report", f"--out={out}"])
     again = json.load(open(os.path.join(out, "summary.json")))
     assert again["groups"][0]["contrasts"][1]["train"]["vs_ref"]["mean"] == pytest.approx(
         row["train"]["vs_ref"]["mean"], abs=1e-6)
+    # the next sitting on a fresh machine gets only the packed logs: it reports the same and
+    # neither reruns the finished forks nor retrains their bases
+    ablate.main(["pack", f"--out={out}", f"--to={tmp_path / 'runs.tgz'}"])
+    ablate.shutil.unpack_archive(str(tmp_path / "runs.tgz"), str(tmp_path / "next"))
+    moved = str(tmp_path / "next" / "fork")
+    assert not [f for f in glob.glob(moved + "/**/*.pt", recursive=True)]
+    capsys.readouterr()
+    ablate.main([a.replace(out, moved) for a in cmd])
+    assert "4 runs already done, 0 to run" in capsys.readouterr().out
+    assert json.load(open(os.path.join(moved, "summary.json")))["groups"] == again["groups"]
 
 
 def test_gap_reduction_interval_on_synthetic_gaps():
@@ -243,3 +255,39 @@ def test_val_gap_compares_the_last_eval_both_runs_reached():
     ref = {0: 4.0, 500: 3.0, 1000: 2.0}
     stopped = {0: 4.0, 500: 3.3}   # a run stopped early is not compared with the finished end
     assert abs(ablate.val_gap(stopped, ref) - 10.0) < 1e-9
+
+
+def test_several_fork_points_chain_the_base_and_each_fork_waits_for_its_point(tmp_path):
+    plan = ablate.Plan("cfg.py", ["--device=cpu"], str(tmp_path), end=9, schedule=12, eval_iters=3)
+    jobs = ablate.base_jobs(plan, "e2m1", 5, [3, 6])
+    assert [j.name for j in jobs] == ["base/e2m1_s5_at3", "base/e2m1_s5_at6"]
+    assert jobs[0].after == () and jobs[1].after == ("base/e2m1_s5_at3",)   # resumed from step 3
+    argv = jobs[1].argv()
+    assert {"--max_iters=6", "--lr_decay_iters=12", "--seed=5", "--recipe=e2m1",
+            "--always_save_checkpoint=True", "--device=cpu"} <= set(argv)
+    os.makedirs(plan.base_dir("e2m1", 5))
+    open(os.path.join(plan.base_dir("e2m1", 5), "ckpt.pt"), "w").close()
+    assert jobs[1].argv()[-1] == "--init_from=resume"
+    fork = ablate.fork_job(plan, "e2m1", 5, 6, "ufp4_no_sr")
+    assert fork.after == ("base/e2m1_s5_at6",)
+    argv = fork.argv()
+    assert {"--max_iters=9", "--lr_decay_iters=12", "--eval_iters=3", "--log_interval=1", "--recipe=ufp4",
+            "--recipe_sr_dy=False", "--init_from=resume"} <= set(argv)
+    assert argv[-1] == f"--resume_from={plan.snapshot('e2m1', 5, 6)}"
+    # a base already past a fork point cannot fork there any more
+    with open(os.path.join(plan.base_dir("e2m1", 5), "log.jsonl"), "w") as f:
+        f.write(json.dumps(dict(type="eval", iter=6, train_loss=1.0, val_loss=1.0)) + "\n")
+    with pytest.raises(SystemExit, match="past the new fork point 3"):
+        ablate.base_jobs(plan, "e2m1", 5, [3, 6])
+
+
+def test_crossover_pairs_the_same_arm_across_base_recipes():
+    def runs(shift):
+        return {arm: {s: dict(train=1.0 + shift + 0.1 * i + 0.01 * s, val=2.0 + shift)
+                      for s in (0, 1)} for i, arm in enumerate(("e2m1", "ufp4"))}
+    groups = {("e2m1", 10, 20, 5): runs(0.0), ("ufp4", 10, 20, 5): runs(-0.03)}
+    rows = ablate.crossover(groups)
+    assert [(r["arm"], r["base"], r["vs_base"]) for r in rows] == [("e2m1", "ufp4", "e2m1"),
+                                                                    ("ufp4", "ufp4", "e2m1")]
+    assert all(r["train"]["mean"] == pytest.approx(-0.03) and r["train"]["n"] == 2 for r in rows)
+    assert "Crossover" in "\n".join(ablate.crossover_markdown(rows))
