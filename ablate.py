@@ -568,14 +568,18 @@ def reduction_text(red):
         g = red.get(score)
         if not g:
             continue
-        weak = "" if abs(g["old_gap"]) > 2 * (g["old_gap_se"] if g["old_gap_se"] == g["old_gap_se"] else 0) \
-            and g["n"] > 1 else " (the e2m1 gap itself is not resolved from 0, so the ratio is not meaningful)"
+        if g["n"] < 2:
+            spread = f"one base: no interval yet); e2m1 gap {g['old_gap']:+.5f} nats"
+        else:
+            weak = "" if abs(g["old_gap"]) > 2 * g["old_gap_se"] else \
+                " (not resolved from 0 at 2 SE, so the ratio means little)"
+            spread = (f"SE {100 * g['se']:.1f} by the delta method; 95 % interval "
+                      f"[{100 * g['ci95'][0]:.1f}, {100 * g['ci95'][1]:.1f}] by the delta method with t, "
+                      f"[{100 * g['boot_ci95'][0]:.1f}, {100 * g['boot_ci95'][1]:.1f}] by a percentile "
+                      f"bootstrap over bases; n = {g['n']}); e2m1 gap {g['old_gap']:+.5f} ± "
+                      f"{g['old_gap_se']:.5f} nats{weak}")
         lines.append(f"- **gap reduction** 1 - Δufp4 / Δe2m1 on the {label}: **{100 * g['estimate']:.1f} %** "
-                     f"(SE {100 * g['se']:.1f} by the delta method; 95 % interval "
-                     f"[{100 * g['ci95'][0]:.1f}, {100 * g['ci95'][1]:.1f}] by the delta method with t, "
-                     f"[{100 * g['boot_ci95'][0]:.1f}, {100 * g['boot_ci95'][1]:.1f}] by a percentile "
-                     f"bootstrap over bases; n = {g['n']}); e2m1 gap {g['old_gap']:+.5f} ± "
-                     f"{g['old_gap_se']:.5f} nats{weak}. Paper: "
+                     f"({spread}. Paper: "
                      + ", ".join(f"{v:.1f} % ({k})" for k, v in PAPER_REDUCTION_PCT) +
                      ", the ratio of |L - L_bf16| / L_bf16 over the last 1000 steps of whole runs: the "
                      "same question at 45-3700x the size, not the same measurement.")

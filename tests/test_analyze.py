@@ -2,10 +2,12 @@
 checkpoint of a tiny run, and the estimators behind them on synthetic data."""
 import json
 import os
+import subprocess
+import sys
 
 import torch
 
-from train_helpers import keep_global_rng, make_char_dataset, tiny_args  # noqa: F401 (autouse)
+from train_helpers import ROOT, keep_global_rng, make_char_dataset, tiny_args  # noqa: F401 (autouse)
 
 import analyze  # noqa: E402
 import fp4  # noqa: E402
@@ -42,7 +44,12 @@ def test_mechanism_of_a_checkpoint(tmp_path):
     ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
     out = str(tmp_path / "run")
     train.main(tiny_args(ds, out, max_iters=4, eval_interval=4, n_embd=32, block_size=32))
-    r = analyze.mechanism(os.path.join(out, "ckpt.pt"), str(tmp_path / "m" / "run"), n_batches=2, draws=2)
+    # through the CLI, in its own process: torch's CPU worker threads keep the denormal flag of
+    # the thread that created them, and earlier tests in this process created them without it
+    subprocess.run([sys.executable, "analyze.py", "mechanism", f"--ckpt={os.path.join(out, 'ckpt.pt')}",
+                    "--batches=2", "--draws=2", f"--out={tmp_path / 'm'}", "--device=cpu"],
+                   cwd=ROOT, check=True, capture_output=True)
+    r = json.load(open(str(tmp_path / "m" / "run_mechanism.json")))
     labels = ("e2m1", "e2m1+RHT", "ufp4", "ufp4+RHT")
     assert len(r["layers"]) == 8 and r["iter"] == 4    # 2 blocks x qkv, proj, fc1, fc2
     for c in labels:
@@ -57,7 +64,7 @@ def test_mechanism_of_a_checkpoint(tmp_path):
     assert r["forward_penalty"]["e2m1|all"][0] > sum(r["forward_penalty"][f"e2m1|{t}"][0] for t in r["layers"]) / 8 - 0.01
     md = open(str(tmp_path / "m" / "run_mechanism.md")).read()
     assert "| all |" in md and "## What shows" in md and "paper 21.90" in md
-    assert json.load(open(str(tmp_path / "m" / "run_mechanism.json")))["draws"] == 2
+    assert r["draws"] == 2 and r["batches"] == 2
 
 
 def test_level_bias_matches_the_analytic_bias_on_uniform_data():
