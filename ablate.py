@@ -2,10 +2,13 @@
 ablate.py: compare FP4 recipes ("arms") by training through train.py, paired so that effects of
 a few thousandths of a nat resolve.
 
-    python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=headline --parallel=6 --out=out/fork_gpt
-    python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=placement,formats --parallel=6 --out=out/fork_gpt
-    python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-3 --base_recipe=e2m1,ufp4 --arms=e2m1,ufp4 --ref=e2m1 --out=out/cross_gpt
+    python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=headline --fork_at=1000 \
+        --eval_iters=100 --parallel=6 --out=out/fork_gpt
+    python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=placement,formats ... (same --out)
+    python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-3 --base_recipe=e2m1,ufp4 \
+        --arms=e2m1,ufp4 --ref=e2m1 --out=out/cross_gpt          # the crossover
     python ablate.py report --out=out/fork_gpt        # the tables again, from every finished run
+    python ablate.py pack --out=out/fork_gpt --to=runs.tgz   # logs only: for the next sitting
     python ablate.py seeds configs/gpt_ablate.py --arms=bf16,e2m1,ufp4 --seeds=0,1   # the older design
 
 The forked design (`fork`, the headline). A base is a run of `--base_recipe` (bf16 by default)
@@ -14,9 +17,10 @@ with seed s, trained to the fork point p of the config's schedule (`--max_iters=
 continues the base from its step-p checkpoint to T in its own out_dir (`--init_from=resume
 --resume_from=...`): same weights, optimizer state and batches; only the recipe and its SR draws
 differ. Each fork is scored twice: its mean train loss over the steps p..T-1 (logged every step)
-and its val loss at T on `--eval_iters` batches. train.py draws the eval batches from a loader
-seeded with seed + 1, fresh at every eval, so every fork of a base is scored on one fixed eval
-set. A contrast (arm - ref) is paired by base: mean, SE and the per-base values.
+and its val loss at T on `--eval_iters` batches, under the arm's own recipe (its quantized
+Fprop), as train.py evaluates. train.py draws the eval batches from a loader seeded with seed + 1,
+fresh at every eval, so every fork of a base is scored on one fixed eval set. A contrast
+(arm - ref) is paired by base: mean, SE and the per-base values.
 Why forks: runs of one config from scratch diverge chaotically early and end some 0.02 nats
 apart, a per-run offset that averaging over the tail does not remove; forks share the trajectory
 up to p, so only the recipe's effect over the window p..T and the SR noise separate them. A fork
@@ -31,12 +35,15 @@ uniforms and ignores sr_bits: there ufp4_sr16 repeats ufp4 exactly.
 Runs: bases first (one job per fork point, resumed from the previous one), then the forks, at
 most --parallel at once, spread over --gpus (each run on the GPU with the fewest of ours). No
 memory-aware packing: six forks of the 33.6M-parameter configs/gpu/ablate_gpt.py shared one H200
-comfortably, twelve ran out of memory. Finished runs are skipped and interrupted ones resume from
-their last checkpoint, so a sweep spreads over sittings (--stop_after ends a sitting on time);
-the report always covers every finished run in --out. Layout of --out: bases/<recipe>_s<seed>
-(the base's run), bases/<recipe>_s<seed>_at<p>/ckpt.pt (its state at step p, a hard link),
-forks/<recipe>_s<seed>_at<p>_to<end>/<arm> (one fork), logs/ (train.py's output), summary.md,
-summary.json, fork_curves.png.
+comfortably (seven took 88 GB), twelve ran out of memory. Finished runs are skipped and
+interrupted ones resume from their last checkpoint, so a sweep spreads over sittings (--stop_after
+ends a sitting on time); the report always covers every finished run in --out. A sitting on a
+fresh machine needs only the logs of earlier ones (`pack`, then unpack into --out): finished forks
+are skipped, and only the bases that unfinished forks start from are trained again.
+Layout of --out: bases/<recipe>_s<seed> (the base's run), bases/<recipe>_s<seed>_at<p>/ckpt.pt
+(its state at step p, a hard link), forks/<recipe>_s<seed>_at<p>_to<end>/<arm> (one fork),
+logs/ (train.py's output), ablate.json (config and overrides: later sittings must match),
+summary.md, summary.json, fork_curves.png.
 
 The seed-per-arm design (`seeds`): every arm from scratch with paired seeds (same init and
 batches per seed), the paper's |L - L_bf16| / L_bf16 gap over the last 10 % of steps;
@@ -499,8 +506,9 @@ def group_summary(runs, ref):
     if ref in runs and {"ufp4", "e2m1"} <= set(runs):
         out["gap_reduction"] = {}
         for score in ("train", "val"):
-            gaps = {a: paired({s: r[score] for s, r in runs[a].items()},
-                              {s: r[score] for s, r in runs[ref].items()})["per_base"] for a in ("ufp4", "e2m1")}
+            ref_scores = {s: r[score] for s, r in runs[ref].items()}
+            gaps = {a: paired({s: r[score] for s, r in runs[a].items()}, ref_scores)["per_base"]
+                    for a in ("ufp4", "e2m1")}
             both = sorted(set(gaps["ufp4"]) & set(gaps["e2m1"]))
             if both:
                 out["gap_reduction"][score] = gap_reduction([gaps["ufp4"][s] for s in both],
@@ -578,8 +586,8 @@ def reduction_text(red):
                       f"[{100 * g['boot_ci95'][0]:.1f}, {100 * g['boot_ci95'][1]:.1f}] by a percentile "
                       f"bootstrap over bases; n = {g['n']}); e2m1 gap {g['old_gap']:+.5f} ± "
                       f"{g['old_gap_se']:.5f} nats{weak}")
-        lines.append(f"- **gap reduction** 1 - Δufp4 / Δe2m1 on the {label}: **{100 * g['estimate']:.1f} %** "
-                     f"({spread}. Paper: "
+        lines.append(f"- **gap reduction** 1 - Δufp4 / Δe2m1 on the {label}: "
+                     f"**{100 * g['estimate']:.1f} %** ({spread}. Paper: "
                      + ", ".join(f"{v:.1f} % ({k})" for k, v in PAPER_REDUCTION_PCT) +
                      ", the ratio of |L - L_bf16| / L_bf16 over the last 1000 steps of whole runs: the "
                      "same question at 45-3700x the size, not the same measurement.")
@@ -800,7 +808,8 @@ def seed_rows(runs, arms, seeds):
             val=_ms([runs[arm, s]["final_val"] for s in got if runs[arm, s]["final_val"] is not None]),
             train=_ms([runs[arm, s]["final_train"] for s in got if runs[arm, s]["final_train"] is not None]),
             gap_pct=_ms([100 * gap(runs[arm, s]["train"], ref(s)["train"]) for s in paired_seeds]),
-            signed_gap_pct=_ms([100 * signed_gap(runs[arm, s]["train"], ref(s)["train"]) for s in paired_seeds]),
+            signed_gap_pct=_ms([100 * signed_gap(runs[arm, s]["train"], ref(s)["train"])
+                                for s in paired_seeds]),
             val_gap_pct=_ms([val_gap(runs[arm, s]["val"], ref(s)["val"]) for s in paired_seeds]),
             alpha={op: statistics.mean(v) for op, v in alphas.items() if None not in v}))
     return rows
@@ -939,7 +948,8 @@ def build_parser():
     k.add_argument("--to", required=True, help="the .tar.gz to write")
     s = sub.add_parser("seeds", help="the seed-per-arm design (every arm from scratch per seed)")
     s.add_argument("config")
-    s.add_argument("--arms", default="paper_gpt", help=f"comma list of {sorted(ARMS)} or a group {sorted(GROUPS)}")
+    s.add_argument("--arms", default="paper_gpt",
+                   help=f"comma list of {sorted(ARMS)} or a group {sorted(GROUPS)}")
     s.add_argument("--seeds", default="0")
     s.add_argument("--report_only", action="store_true")
     for q in (f, s):

@@ -2,7 +2,8 @@
 analyze.py: shrinkage analysis, the paper's tensor-level measurements.
 
   python analyze.py grids                      # the picture at the top of the README
-  python analyze.py mechanism --ckpt out/x/ckpt.pt [--ckpt ...] [--batches 8 --draws 8] [--out results/mechanism]
+  python analyze.py mechanism --ckpt out/x/ckpt.pt [--ckpt ...] [--batches 8 --draws 8]
+                             [--out results/mechanism]
       the mechanism at fixed weights, per quantized layer, mean ± SE over val batches, for e2m1
       and ufp4 with and without RHT: the forward penalty (CE with one Fprop GEMM, or all, quantized
       with RTNE, minus the exact CE), the Wgrad bias over SR draws against the exact dW (alpha_g,
@@ -283,7 +284,8 @@ def forward_penalty(model, layers, batches):
             recipe = one_gemm_recipe("fprop", fmt, rht)
             for only in (None, *layers):
                 set_recipe(layers, recipe, only)
-                out.setdefault((mech_label(fmt, rht), only or "all"), []).append(model(x, y)[1].item() - exact)
+                key = (mech_label(fmt, rht), only or "all")
+                out.setdefault(key, []).append(model(x, y)[1].item() - exact)
     set_recipe(layers, "bf16")
     return out
 
@@ -326,7 +328,8 @@ def gradient_bias(model, layers, batches, draws):
                     total[t] += g
                     sum_sq[t] += g.pow(2).sum().item()
             for t in exact:
-                out.setdefault((mech_label(fmt, rht), t), []).append(draw_stats(exact[t], total[t], sum_sq[t], draws))
+                stats = draw_stats(exact[t], total[t], sum_sq[t], draws)
+                out.setdefault((mech_label(fmt, rht), t), []).append(stats)
     set_recipe(layers, "bf16")
     model.zero_grad(set_to_none=True)
     return out
@@ -342,7 +345,8 @@ def level_bias(q, ref):
     scales = q.scales.reshape(idx.shape[0], -1).repeat_interleave(q.fmt.block, dim=-1)
     t = ref.reshape(idx.shape).abs() * (q.tensor_scale if q.tensor_scale is not None else 1.0)
     ok = scales > 0
-    d = (torch.tensor(grid.levels, dtype=torch.float64, device=idx.device)[idx] - t.double() / scales.double())[ok]
+    levels = torch.tensor(grid.levels, dtype=torch.float64, device=idx.device)
+    d = (levels[idx] - t.double() / scales.double())[ok]
     n = len(grid.levels)
     return (torch.bincount(idx[ok], weights=d, minlength=n).tolist(),
             torch.bincount(idx[ok], minlength=n).tolist())
@@ -371,7 +375,8 @@ def operand_stats(model, layers, batches):
                     xq = fp4.dequantize(q, torch.float32)
                     label = mech_label(fmt, rht)
                     per.setdefault((label, tag, op), []).append(dict(
-                        alpha=fp4.attenuation(ref, xq), sqnr_db=fp4.sqnr_db(ref, xq), b_eff=fp4.bucket_use(q)))
+                        alpha=fp4.attenuation(ref, xq), sqnr_db=fp4.sqnr_db(ref, xq),
+                        b_eff=fp4.bucket_use(q)))
                     sums, counts = level_bias(q, ref)
                     kind = ".".join(tag.split(".")[2:] + [op])
                     acc = levels.setdefault((label, kind), [[0.0] * len(sums), [0] * len(sums)])
@@ -406,12 +411,13 @@ def _mechanism(ckpt_path, out_prefix, n_batches, draws, device):
     fwd = forward_penalty(model, layers, batches)
     result["forward_penalty"] = {f"{c}|{t}": mean_se(v) for (c, t), v in fwd.items()}
     grad = gradient_bias(model, layers, batches, draws)
-    result["gradient"] = {f"{c}|{t}": {k: mean_se([s[k] for s in v]) for k in v[0]} for (c, t), v in grad.items()}
+    result["gradient"] = {f"{c}|{t}": {k: mean_se([s[k] for s in v]) for k in v[0]}
+                          for (c, t), v in grad.items()}
     per, levels = operand_stats(model, layers, batches)
     result["operands"] = {f"{c}|{t}|{op}": {k: mean_se([s[k] for s in v]) for k in v[0]}
                           for (c, t, op), v in per.items()}
-    result["level_bias"] = {f"{c}|{kind}": dict(bias=[s / n if n else None for s, n in zip(*acc)], count=acc[1])
-                            for (c, kind), acc in levels.items()}
+    result["level_bias"] = {f"{c}|{kind}": dict(bias=[s / n if n else None for s, n in zip(*acc)],
+                                                count=acc[1]) for (c, kind), acc in levels.items()}
     os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
     with open(out_prefix + "_mechanism.json", "w") as f:
         json.dump(result, f, indent=1)
@@ -441,9 +447,10 @@ def mechanism_checks(r):
     """Plain statements, each from the numbers, on where the paper's mechanism shows."""
     labels, L = [mech_label(f, h) for f, h in MECH_CONFIGS], len(r["layers"])
     op = r["operands"]
+    alpha = lambda c, o: _layer_mean(r, "operands", "alpha", c, o)  # noqa: E731
     out = ["- Fprop attenuation alpha, mean over layers (x / W): " + "; ".join(
-        f"{c} {_layer_mean(r, 'operands', 'alpha', c, 'x'):.4f} / {_layer_mean(r, 'operands', 'alpha', c, 'W'):.4f}"
-        for c in labels) + ". The paper's mechanism: E2M1 shrinks (alpha < 1), int4 does not."]
+        f"{c} {alpha(c, 'x'):.4f} / {alpha(c, 'W'):.4f}" for c in labels) +
+        ". The paper's mechanism: E2M1 shrinks (alpha < 1), int4 does not."]
     for fmt in ("e2m1", "ufp4"):
         lower = higher = 0
         for t in r["layers"]:
@@ -454,7 +461,7 @@ def mechanism_checks(r):
         out.append(f"- RHT on the Fprop input x under {fmt}: alpha lower (more shrinkage) in {lower} of {L} "
                    f"layers, higher in {higher}, within 2 SE in {L - lower - higher}. The paper: RHT "
                    f"amplifies E2M1's shrinkage and leaves int4 unbiased.")
-    fc2 = [t for t in r["layers"] if t.endswith("fc2")]
+    fc2 = [t for t in r["layers"] if t.endswith(("fc2", "w_down"))]   # dense MLP, MoE experts
     if fc2:
         sq = {c: sum(op[f"{c}|{t}|x"]["sqnr_db"][0] for t in fc2) / len(fc2) for c in labels}
         out.append(f"- SQNR of the fc2 input ({r['mlp']} output), mean over layers: " + "; ".join(
@@ -462,10 +469,10 @@ def mechanism_checks(r):
             ". The paper's numbers are its 1.5B model's fc2 input: a different model and data.")
     out.append("- Forward penalty with every layer's Fprop quantized (nats): " + "; ".join(
         f"{c} {_pm(r['forward_penalty'][f'{c}|all'], 5)}" for c in labels) + ".")
-    out.append("- Wgrad (SR on dy): alpha_g mean over layers " + "; ".join(
-        f"{c} {_layer_mean(r, 'gradient', 'alpha_g', c):.4f}" for c in labels) +
-        "; |bias|^2 / |g|^2 " + "; ".join(f"{c} {_layer_mean(r, 'gradient', 'bias2_rel', c):.2e}" for c in labels) +
-        "; variance ratio " + "; ".join(f"{c} {_layer_mean(r, 'gradient', 'var_ratio', c):.3f}" for c in labels) + ".")
+    grad = lambda metric, fmt: "; ".join(  # noqa: E731
+        f"{c} {_layer_mean(r, 'gradient', metric, c):{fmt}}" for c in labels)
+    out.append(f"- Wgrad (SR on dy), mean over layers: alpha_g {grad('alpha_g', '.4f')}; |bias|^2 / |g|^2 "
+               f"{grad('bias2_rel', '.2e')}; variance ratio {grad('var_ratio', '.3f')}.")
     return out
 
 
@@ -486,15 +493,16 @@ def mechanism_markdown(r):
     out += ["", f"## Wgrad over {r['draws']} SR draws against the exact dW (Fprop and Dgrad exact)", "",
             "alpha_g = <mean g_q, g> / |g|^2; cosine of mean g_q and g; |bias|^2 / |g|^2 with the draw "
             "noise left in the mean subtracted; variance ratio = tr(Cov of one draw) / |g|^2.", "",
-            "| layer | config | alpha_g | cosine | bias^2 / g^2 | variance ratio |", "|---|---|---|---|---|---|"]
+            "| layer | config | alpha_g | cosine | bias^2 / g^2 | variance ratio |",
+            "|---|---|---|---|---|---|"]
     for t in r["layers"]:
         for c in labels:
             g = r["gradient"][f"{c}|{t}"]
             out.append(f"| {t} | {c} | {_pm(g['alpha_g'])} | {_pm(g['cosine'])} | "
                        f"{g['bias2_rel'][0]:.2e} ± {g['bias2_rel'][1]:.1e} | {_pm(g['var_ratio'])} |")
     for metric, digits in (("alpha", 4), ("sqnr_db", 2), ("b_eff", 3)):
-        out += ["", f"## Fprop operands, RTNE: {metric}", "", "| layer | operand | " + " | ".join(labels) + " |",
-                "|---|---" + "|---" * len(labels) + "|"]
+        out += ["", f"## Fprop operands, RTNE: {metric}", "",
+                "| layer | operand | " + " | ".join(labels) + " |", "|---|---" + "|---" * len(labels) + "|"]
         for t in r["layers"]:
             for op in OPERANDS:
                 out.append(f"| {t} | {op} | " + " | ".join(
@@ -505,8 +513,9 @@ def mechanism_markdown(r):
     for key, v in sorted(r["level_bias"].items(), key=lambda kv: (kv[0].split("|")[1], kv[0])):
         c, kind = key.split("|")
         grid = fp4.GRIDS["e2m1" if c.startswith("e2m1") else "int4"].levels
-        out.append(f"| {kind} | {c} | " + ", ".join(
-            f"{q:g}: {b:+.3f} ({n})" if b is not None else f"{q:g}: - (0)" for q, b, n in zip(grid, v["bias"], v["count"])) + " |")
+        cells = [f"{q:g}: {b:+.3f} ({n})" if b is not None else f"{q:g}: - (0)"
+                 for q, b, n in zip(grid, v["bias"], v["count"])]
+        out.append(f"| {kind} | {c} | " + ", ".join(cells) + " |")
     return out
 
 
