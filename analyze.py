@@ -519,6 +519,14 @@ def mechanism_markdown(r):
     return out
 
 
+def ckpt_label(path):
+    """A file name for a checkpoint's outputs: its two folders (ablate.py's forks/<base>/<arm> and
+    bases/<base> stay apart), and the file's stem unless it is ckpt.pt."""
+    parts = os.path.abspath(path).split(os.sep)
+    stem = os.path.splitext(parts[-1])[0]
+    return "_".join(parts[-3:-1] + ([] if stem == "ckpt" else [stem]))
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -549,10 +557,7 @@ def main(argv):
             p.error("--draws must be at least 2 (the draw variance needs two) and --batches at least 1")
         fp4.set_backend(args.backend)
         for ckpt in args.ckpt:
-            name = os.path.basename(os.path.dirname(os.path.abspath(ckpt)))
-            stem = os.path.splitext(os.path.basename(ckpt))[0]
-            mechanism(ckpt, os.path.join(args.out, name if stem == "ckpt" else f"{name}_{stem}"),
-                      args.batches, args.draws, args.device)
+            mechanism(ckpt, os.path.join(args.out, ckpt_label(ckpt)), args.batches, args.draws, args.device)
 
 
 if __name__ == "__main__":

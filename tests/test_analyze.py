@@ -49,7 +49,9 @@ def test_mechanism_of_a_checkpoint(tmp_path):
     subprocess.run([sys.executable, "analyze.py", "mechanism", f"--ckpt={os.path.join(out, 'ckpt.pt')}",
                     "--batches=2", "--draws=2", f"--out={tmp_path / 'm'}", "--device=cpu"],
                    cwd=ROOT, check=True, capture_output=True)
-    r = json.load(open(str(tmp_path / "m" / "run_mechanism.json")))
+    prefix = str(tmp_path / "m" / analyze.ckpt_label(os.path.join(out, "ckpt.pt")))
+    assert prefix.endswith(os.path.basename(str(tmp_path)) + "_run")
+    r = json.load(open(prefix + "_mechanism.json"))
     labels = ("e2m1", "e2m1+RHT", "ufp4", "ufp4+RHT")
     assert len(r["layers"]) == 8 and r["iter"] == 4    # 2 blocks x qkv, proj, fc1, fc2
     for c in labels:
@@ -62,7 +64,7 @@ def test_mechanism_of_a_checkpoint(tmp_path):
             assert 0.9 < r["operands"][f"{c}|{t}|x"]["alpha"][0] < 1.1
     # quantizing every Fprop costs more than quantizing one layer's, on average
     assert r["forward_penalty"]["e2m1|all"][0] > sum(r["forward_penalty"][f"e2m1|{t}"][0] for t in r["layers"]) / 8 - 0.01
-    md = open(str(tmp_path / "m" / "run_mechanism.md")).read()
+    md = open(prefix + "_mechanism.md").read()
     assert "| all |" in md and "## What shows" in md and "paper 21.90" in md
     assert r["draws"] == 2 and r["batches"] == 2
 
