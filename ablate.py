@@ -327,18 +327,18 @@ def fork_job(plan, recipe, seed, p, arm):
                after=(f"base/{recipe}_s{seed}_at{p}",))
 
 
-def needed(base_jobs_, forks):
-    """The forks, and the base jobs that an unfinished fork needs (directly or through a later
-    point of the same base). Finished forks need no base: a sitting on a fresh machine, with only
-    the logs of earlier sittings copied into --out, retrains only the bases it forks from."""
-    by_name = {j.name: j for j in base_jobs_}
-    want, stack = set(), [a for f in forks if not f.done() for a in f.after]
+def needed(jobs):
+    """The jobs (in their order) less the base jobs that no unfinished fork needs, directly or
+    through a later point of the same base. A sitting on a fresh machine, with only the logs of
+    earlier sittings copied into --out, so retrains only the bases it still forks from."""
+    by_name = {j.name: j for j in jobs}
+    want, stack = set(), [a for j in jobs if j.name.startswith("fork/") and not j.done() for a in j.after]
     while stack:
         name = stack.pop()
         if name not in want:
             want.add(name)
             stack += list(by_name[name].after)
-    return [j for j in base_jobs_ if j.name in want] + forks
+    return [j for j in jobs if j.name.startswith("fork/") or j.name in want]
 
 
 def pack(out, path):
@@ -393,13 +393,12 @@ def make_plan(args, extra, parser):
 
 def fork_main(args, extra, parser):
     plan, points = make_plan(args, extra, parser)
-    jobs = []
-    for recipe in args.base_recipes:
-        for seed in args.bases:
+    jobs = []   # base by base, its forks right after it: run_jobs starts the first ready job, so
+    for seed in args.bases:   # a finished base's forks go before the next bases (whole bases finish
+        for recipe in args.base_recipes:   # early: a sitting stopped on time loses the least)
             jobs += base_jobs(plan, recipe, seed, points)
-    forks = [fork_job(plan, recipe, seed, p, arm) for p in points for seed in args.bases
-             for recipe in args.base_recipes for arm in args.arms]
-    jobs = needed(jobs, forks)
+            jobs += [fork_job(plan, recipe, seed, p, arm) for p in points for arm in args.arms]
+    jobs = needed(jobs)
     gpus = [g for g in args.gpus.split(",") if g]
     left = run_jobs(jobs, args.parallel, gpus, os.path.join(plan.out, "logs"), args.stop_after)
     fork_report(plan.out, args.ref)
