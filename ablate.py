@@ -270,10 +270,20 @@ class Plan:
         return os.path.join(self.out, "forks", f"{recipe}_s{seed}_at{step}_to{self.end}", arm)
 
 
+def base_fingerprint(d, p):
+    """A base's (train, val) loss at its step-p eval as logged: two trainings of one base agree
+    here only if they took the same path. GPU kernels that are not deterministic (atomics) make a
+    base trained again on another machine a different base, whose forks do not pair with the
+    first one's."""
+    ev = [r for r in read_log(os.path.join(d, "log.jsonl")) if r.get("type") == "eval" and r["iter"] == p]
+    return [ev[-1]["train_loss"], ev[-1]["val_loss"]] if ev else None
+
+
 def base_jobs(plan, recipe, seed, points):
     """One job per fork point: train the base to p (resuming from the previous point), then keep
     its step-p checkpoint as a hard link (no copy) beside it."""
     d, jobs = plan.base_dir(recipe, seed), []
+    earlier = {p: base_fingerprint(d, p) for p in points}   # a packed log of an earlier training
     live = os.path.exists(os.path.join(d, "ckpt.pt"))  # else it starts again from scratch
     reached = max((r["iter"] for r in read_log(os.path.join(d, "log.jsonl")) if r.get("type") == "eval"),
                   default=0) if live else 0
@@ -299,6 +309,11 @@ def base_jobs(plan, recipe, seed, points):
             except OSError:
                 shutil.copy2(os.path.join(d, "ckpt.pt"), snap + ".tmp")
             os.replace(snap + ".tmp", snap)
+            now = base_fingerprint(d, p)
+            if earlier[p] not in (None, now):
+                print(f"WARNING: base {d} trained again ends step {p} at (train, val) {now}, its earlier "
+                      f"training at {earlier[p]}: forks of the two are different bases; the report "
+                      f"pairs only forks of one training", flush=True)
 
         jobs.append(Job(f"base/{recipe}_s{seed}_at{p}", d, argv, lambda snap=snap: os.path.exists(snap),
                         finish, after=(jobs[-1].name,) if i else ()))
@@ -317,7 +332,8 @@ def fork_job(plan, recipe, seed, p, arm):
         return a if os.path.exists(os.path.join(d, "ckpt.pt")) else a + [f"--resume_from={snap}"]
 
     def finish():
-        write_json(os.path.join(d, "done.json"), meta)
+        fp = base_fingerprint(plan.base_dir(recipe, seed), p)   # the base training it started from
+        write_json(os.path.join(d, "done.json"), dict(meta, base_fp=fp))
         if plan.drop_ckpts:
             for f in glob.glob(os.path.join(d, "ckpt*.pt")):
                 os.remove(f)
@@ -415,7 +431,8 @@ def fork_scores(d, meta):
     train = {r["iter"]: r["loss"] for r in recs if r.get("type") == "train" and p <= r["iter"] < end}
     val = {r["iter"]: r["val_loss"] for r in recs if r.get("type") == "eval"}
     return dict(train=statistics.fmean(train.values()) if train else float("nan"),
-                val=val.get(end, float("nan")), steps=len(train), train_curve=train, val_curve=val)
+                val=val.get(end, float("nan")), steps=len(train), train_curve=train, val_curve=val,
+                base_fp=meta.get("base_fp"))
 
 
 def collect_forks(out):
@@ -482,14 +499,27 @@ def gap_reduction(d_new, d_old, n_boot=10000, seed=0):
     return out
 
 
+def same_base(a, b):
+    return a.get("base_fp") is None or b.get("base_fp") is None or a["base_fp"] == b["base_fp"]
+
+
+def scores(runs, arm, score, like=None):
+    """{seed: score} of an arm's forks; with `like`, only the seeds whose fork of arm `like` started
+    from the same training of the base."""
+    other = runs.get(like, {})
+    return {s: r[score] for s, r in runs[arm].items() if like is None or s not in other
+            or same_base(r, other[s])}
+
+
 def contrast_rows(runs, arms, ref):
     rows = []
     for arm in arms:
-        row = dict(arm=arm, overrides=ARMS.get(arm, {}), ref=ref, runs=len(runs[arm]))
+        row = dict(arm=arm, overrides=ARMS.get(arm, {}), ref=ref, runs=len(runs[arm]),
+                   unpaired=sorted(s for s in set(runs[arm]) & set(runs[ref])
+                                   if not same_base(runs[arm][s], runs[ref][s])))
         for score in ("train", "val"):
-            mine = {s: r[score] for s, r in runs[arm].items()}
-            row[score] = dict(value=mean_se(list(mine.values())),
-                              vs_ref=paired(mine, {s: r[score] for s, r in runs[ref].items()}))
+            row[score] = dict(value=mean_se([r[score] for r in runs[arm].values()]),
+                              vs_ref=paired(scores(runs, arm, score, like=ref), scores(runs, ref, score)))
         rows.append(row)
     return rows
 
@@ -505,8 +535,7 @@ def group_summary(runs, ref):
     if ref in runs and {"ufp4", "e2m1"} <= set(runs):
         out["gap_reduction"] = {}
         for score in ("train", "val"):
-            ref_scores = {s: r[score] for s, r in runs[ref].items()}
-            gaps = {a: paired({s: r[score] for s, r in runs[a].items()}, ref_scores)["per_base"]
+            gaps = {a: paired(scores(runs, a, score, like=ref), scores(runs, ref, score))["per_base"]
                     for a in ("ufp4", "e2m1")}
             both = sorted(set(gaps["ufp4"]) & set(gaps["e2m1"]))
             if both:
@@ -515,8 +544,7 @@ def group_summary(runs, ref):
     if {NOISE_ARM, NOISE_OF} <= set(runs):
         out["noise"] = {}
         for score in ("train", "val"):
-            c = paired({s: r[score] for s, r in runs[NOISE_ARM].items()},
-                       {s: r[score] for s, r in runs[NOISE_OF].items()})
+            c = paired(scores(runs, NOISE_ARM, score, like=NOISE_OF), scores(runs, NOISE_OF, score))
             d = list(c["per_base"].values())
             c["rms"] = math.sqrt(statistics.fmean(x * x for x in d)) if d else float("nan")
             out["noise"][score] = c
@@ -611,6 +639,9 @@ def group_markdown(key, g):
         paper = (lambda a: f"gap {PAPER_GAP_PCT[a]:.4f} % (1.5B, whole run)" if a in PAPER_GAP_PCT else "") \
             if ref == "bf16" else (lambda a: "")
         out += contrast_table(g["contrasts"], paper) + [""]
+        out += [f"- **not paired**: {r['arm']}'s forks of base(s) {r['unpaired']} started from another "
+                f"training of the base than {ref}'s (it was trained again and came out different)"
+                for r in g["contrasts"] if r["unpaired"]]
     out += reduction_text(g.get("gap_reduction", {}))
     if "noise" in g:
         out += noise_text(g["noise"])

@@ -61,8 +61,10 @@ def test_fork_design_end_to_end_with_skip_and_resume(tmp_path, capsys):
         assert max(base_evals) == 4       # the base stops at the fork point
         for arm in ("bf16", "e2m1"):      # bf16, the reference, is added
             d = os.path.join(out, "forks", f"bf16_s{seed}_at4_to8", arm)
-            assert os.path.exists(os.path.join(d, "done.json"))
             assert log_of(d, "train")[0]["iter"] == 4   # resumed from the base's step-4 state
+            base_eval = [r for r in log_of(os.path.join(out, "bases", f"bf16_s{seed}"), "eval") if r["iter"] == 4]
+            done = json.load(open(os.path.join(d, "done.json")))  # which training of the base
+            assert done["base_fp"] == [base_eval[-1]["train_loss"], base_eval[-1]["val_loss"]]
     # the report's paired arithmetic, against a hand computation from the logs
     by_hand = {(a, s): scores_by_hand(out, s, a) for a in ("bf16", "e2m1") for s in (0, 1)}
     summary = json.load(open(os.path.join(out, "summary.json")))
@@ -291,3 +293,19 @@ def test_crossover_pairs_the_same_arm_across_base_recipes():
                                                                     ("ufp4", "ufp4", "e2m1")]
     assert all(r["train"]["mean"] == pytest.approx(-0.03) and r["train"]["n"] == 2 for r in rows)
     assert "Crossover" in "\n".join(ablate.crossover_markdown(rows))
+
+
+def test_forks_of_a_base_trained_again_differently_are_not_paired():
+    def run(train, fp):
+        return dict(train=train, val=train + 1, steps=5, train_curve={}, val_curve={}, base_fp=fp)
+    runs = {"bf16": {0: run(3.0, [1.0, 2.0]), 1: run(3.0, [1.5, 2.5])},
+            "e2m1": {0: run(3.1, [1.0, 2.0]), 1: run(3.9, [1.6, 2.6])},   # seed 1: another training
+            "ufp4": {0: run(3.05, [1.0, 2.0]), 1: run(3.05, [1.5, 2.5])}}
+    g = ablate.group_summary(runs, "bf16")
+    rows = {r["arm"]: r for r in g["contrasts"]}
+    assert rows["e2m1"]["unpaired"] == [1] and rows["ufp4"]["unpaired"] == []
+    assert rows["e2m1"]["train"]["vs_ref"]["n"] == 1
+    assert rows["e2m1"]["train"]["vs_ref"]["mean"] == pytest.approx(0.1)
+    assert rows["ufp4"]["train"]["vs_ref"]["n"] == 2
+    assert g["gap_reduction"]["train"]["n"] == 1 and g["gap_reduction"]["train"]["estimate"] == pytest.approx(0.5)
+    assert "not paired" in "\n".join(ablate.group_markdown(("bf16", 1, 6, 2), g))
