@@ -29,8 +29,12 @@ measures the recipe's effect over its window, not over a whole run: fork at seve
 tell a better recipe from a better starting point.
 The fork noise is measured, not assumed: the arm ufp4_sr16 repeats ufp4 with 16 random bits per
 SR draw where the Triton kernels draw 8, which gives every element other random bits, i.e.
-another SR stream (and a finer rounding probability). The torch reference (CPU) draws fp32
-uniforms and ignores sr_bits: there ufp4_sr16 repeats ufp4 exactly.
+another SR stream (and a finer rounding probability); bf16_again repeats bf16 and measures the
+GPU's run-to-run noise alone (on an H200 two bf16 forks of one checkpoint differ from their
+second step: some kernels are not deterministic). The torch reference (CPU) is deterministic
+and ignores sr_bits: there both contrasts are 0. For the same reason a base trained again is
+another base: every fork records which training of its base it started from (the base's losses
+at the fork point), and the report pairs only forks of one training.
 
 Runs: bases first (one job per fork point, resumed from the previous one), then the forks, at
 most --parallel at once, spread over --gpus (each run on the GPU with the fewest of ours). No
@@ -70,6 +74,7 @@ ARMS = {
     "e2m1": {"recipe": "e2m1"},                 # the paper's baseline: RHT on Wgrad, SR on dy
     "ufp4": {"recipe": "ufp4"},                 # int4, RHT on all three GEMMs, SR on dy
     "ufp4_sr16": {"recipe": "ufp4", "sr_bits": 16},  # the fork noise: ufp4 with another SR stream
+    "bf16_again": {"recipe": "bf16"},           # bf16 once more: the GPU's own run-to-run noise
     # the paper's RHT-placement table: the int4 grid, fp32 block scales, SR on dy
     "int4_rht_none": {"recipe": "ufp4", "recipe_rht": "none"},
     "int4_rht_wgrad": {"recipe": "ufp4", "recipe_rht": "wgrad"},
@@ -86,6 +91,7 @@ ARMS = {
 }
 GROUPS = {
     "headline": ["bf16", "e2m1", "ufp4", "ufp4_sr16"],
+    "noise": ["ufp4_sr16", "bf16_again"],
     "placement": ["int4_rht_none", "int4_rht_wgrad", "int4_rht_dgrad_wgrad", "int4_rht_fprop_wgrad",
                   "ufp4", "ufp4_no_sr", "e2m1", "e2m1_rht_all"],
     "formats": ["nvfp4", "mxfp4", "nvint4", "ufp4_e8m0", "mxint4"],
@@ -93,7 +99,10 @@ GROUPS = {
     "paper_gpt": ["bf16", "e2m1", "ufp4", "e2m1_rht_all", "int4_rht_wgrad", "ufp4_no_sr", "nvfp4", "mxfp4"],
     "paper_moe": ["bf16", "e2m1", "ufp4", "nvfp4"],
 }
-NOISE_ARM, NOISE_OF = "ufp4_sr16", "ufp4"
+NOISE = (  # (arm, the arm it repeats, what differs between the two forks of one base)
+    ("ufp4_sr16", "ufp4", "another SR stream, and the GPU's run-to-run noise"),
+    ("bf16_again", "bf16", "nothing but the GPU's run-to-run noise (non-deterministic kernels)"),
+)
 
 # The paper's numbers (Dense 1.5B unless said, whole training runs): context for our rows, not a
 # prediction for a 34M model whose recipe acts over a fork window of a few hundred steps.
@@ -541,13 +550,14 @@ def group_summary(runs, ref):
             if both:
                 out["gap_reduction"][score] = gap_reduction([gaps["ufp4"][s] for s in both],
                                                             [gaps["e2m1"][s] for s in both])
-    if {NOISE_ARM, NOISE_OF} <= set(runs):
-        out["noise"] = {}
-        for score in ("train", "val"):
-            c = paired(scores(runs, NOISE_ARM, score, like=NOISE_OF), scores(runs, NOISE_OF, score))
-            d = list(c["per_base"].values())
-            c["rms"] = math.sqrt(statistics.fmean(x * x for x in d)) if d else float("nan")
-            out["noise"][score] = c
+    for arm, of, _ in NOISE:
+        if {arm, of} <= set(runs):
+            out.setdefault("noise", {})[arm] = {}
+            for score in ("train", "val"):
+                c = paired(scores(runs, arm, score, like=of), scores(runs, of, score))
+                d = list(c["per_base"].values())
+                c["rms"] = math.sqrt(statistics.fmean(x * x for x in d)) if d else float("nan")
+                out["noise"][arm][score] = c
     return out
 
 
@@ -622,11 +632,15 @@ def reduction_text(red):
 
 
 def noise_text(noise):
-    t, v = noise["train"], noise["val"]
-    return [f"- **fork noise** ({NOISE_ARM} - {NOISE_OF}: same base, same recipe, another SR stream): "
-            f"RMS over {t['n']} base(s) {t['rms']:.5f} nats on the mean train loss of the window "
-            f"(mean {_pm(t)}), {v['rms']:.5f} on the val loss at the end (mean {_pm(v)}). On the "
-            f"torch reference (CPU) both arms draw the same stream and this is 0 by construction."]
+    lines = []
+    for arm, of, what in NOISE:
+        if arm in noise:
+            t, v = noise[arm]["train"], noise[arm]["val"]
+            lines.append(f"- **fork noise** ({arm} - {of}: same base, same recipe; differs in {what}): "
+                         f"RMS over {t['n']} base(s) {t['rms']:.5f} nats on the mean train loss of the "
+                         f"window (mean {_pm(t)}), {v['rms']:.5f} on the val loss at the end (mean "
+                         f"{_pm(v)}). On a CPU (torch reference, deterministic, sr_bits unused) it is 0.")
+    return lines
 
 
 def group_markdown(key, g):
