@@ -60,6 +60,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -211,6 +212,13 @@ def run_jobs(jobs, parallel, gpus, log_dir, stop_after=0.0):
     finished = {j.name for j in jobs if j not in todo}
     print(f"{len(finished)} runs already done, {len(todo)} to run", flush=True)
     running, failed, t_start = {}, [], time.time()
+    try:
+        return _run(todo, finished, running, failed, parallel, gpus, log_dir, stop_after, t_start)
+    finally:   # an exception or Ctrl-C here: no train.py left running on its own
+        stop(running)
+
+
+def _run(todo, finished, running, failed, parallel, gpus, log_dir, stop_after, t_start):
     while todo or running:
         for job in list(todo):
             if any(a in failed for a in job.after):
@@ -228,23 +236,25 @@ def run_jobs(jobs, parallel, gpus, log_dir, stop_after=0.0):
                 continue
             del running[name]
             r["logf"].close()
-            if r["proc"].returncode == 0:
+            try:
+                if r["proc"].returncode:
+                    raise RuntimeError(f"exit {r['proc'].returncode}")
                 r["job"].finish()
                 finished.add(name)
                 print(f"finished {name} in {time.time() - r['t0']:.0f} s", flush=True)
-            else:
+            except (RuntimeError, OSError) as e:
                 failed.append(name)
-                print(f"FAILED {name} (exit {r['proc'].returncode}); see {log_dir}/"
-                      f"{name.replace('/', '__')}.txt", flush=True)
+                print(f"FAILED {name} ({e}); see {log_dir}/{name.replace('/', '__')}.txt", flush=True)
         if stop_after and time.time() - t_start > stop_after and (running or todo):
-            stop(running)
             left = [j.name for j in todo] + list(running)
+            stop(running)
             print(f"stopped after {stop_after:.0f} s: {len(left)} run(s) left for the next sitting")
             return failed + left
     return failed
 
 
 def stop(running):
+    """Ends the runs still going (each resumes from its last checkpoint next time)."""
     for r in running.values():
         r["proc"].terminate()  # checkpoints are written atomically: the last one stays readable
     for r in running.values():
@@ -254,6 +264,7 @@ def stop(running):
             r["proc"].kill()
             r["proc"].wait()
         r["logf"].close()
+    running.clear()
 
 
 # -----------------------------------------------------------------------------
@@ -1047,4 +1058,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # SIGTERM (an outer `timeout`, say) unwinds like Ctrl-C: run_jobs then ends its train.py runs
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main(sys.argv[1:])
