@@ -694,7 +694,8 @@ def crossover_markdown(rows):
 HOW_TO_READ = """\
 How to read this: a fork continues a base from its checkpoint at the fork point under one arm's
 recipe, on the same batches; its scores are the mean train loss over the fork window (every step
-logged) and the val loss at the end (the same eval batches for every fork of a base). Δ is arm
+logged) and the val loss at the end (the same eval batches for every fork of a base, evaluated
+under the arm's own recipe, quantized forward included). Δ is arm
 minus reference, paired by base: mean ± SE over bases (SE needs 2 bases), in nats and in % of the
 reference. A fork measures the recipe's effect over its window only, not over a whole run. The
 paper's numbers come from whole training runs of 1.5B-124B models: they say which direction and
