@@ -183,7 +183,8 @@ def clear_unstarted(d):
     """An out_dir without a checkpoint holds nothing a rerun needs (a run stopped before its first
     save): remove it, since train.py starts from scratch only into an empty out_dir."""
     if os.path.isdir(d) and not os.path.exists(os.path.join(d, "ckpt.pt")):
-        print(f"removing {d}: an earlier attempt stopped before its first checkpoint")
+        print(f"removing {d}: no checkpoint in it (a run stopped before its first save, or the "
+              f"logs of an earlier sitting)")
         shutil.rmtree(d)
 
 
@@ -208,25 +209,38 @@ def run_jobs(jobs, parallel, gpus, log_dir, stop_after=0.0):
     GPUs each starts on the one with the fewest running. After stop_after seconds (0 = never) the
     running ones are stopped (they resume next time). Returns the names of jobs not finished."""
     os.makedirs(log_dir, exist_ok=True)
-    todo = [j for j in jobs if not j.done()]
-    finished = {j.name for j in jobs if j not in todo}
-    print(f"{len(finished)} runs already done, {len(todo)} to run", flush=True)
+    done_before = {j.name for j in jobs if j.done()}
+    print(f"{len(done_before)} runs already done, {len(jobs) - len(done_before)} to run", flush=True)
+    names = {j.name for j in jobs}
+    finished = {a for j in jobs for a in j.after if a not in names}   # bases this sitting skips
     running, failed, t_start = {}, [], time.time()
     try:
-        return _run(todo, finished, running, failed, parallel, gpus, log_dir, stop_after, t_start)
+        return _run(list(jobs), finished, running, failed, parallel, gpus, log_dir, stop_after,
+                    t_start, done_before)
     finally:   # an exception or Ctrl-C here: no train.py left running on its own
         stop(running)
 
 
-def _run(todo, finished, running, failed, parallel, gpus, log_dir, stop_after, t_start):
+def _run(todo, finished, running, failed, parallel, gpus, log_dir, stop_after, t_start, done_before):
+    """run_jobs' loop. A job is checked for done once its dependencies are through: a fork done
+    before may need to run again when its base was just trained again differently."""
     while todo or running:
         for job in list(todo):
-            if any(a in failed for a in job.after):
+            if len(running) >= parallel:   # (done() reads logs: ask it only when a slot is free)
+                break
+            deps_failed = any(a in failed for a in job.after)
+            if (deps_failed or all(a in finished for a in job.after)) and job.done():
+                todo.remove(job)
+                finished.add(job.name)
+            elif deps_failed:
                 todo.remove(job)
                 failed.append(job.name)
                 print(f"SKIPPED {job.name}: a run it starts from failed")
-            elif len(running) < parallel and all(a in finished for a in job.after):
+            elif all(a in finished for a in job.after):
                 todo.remove(job)
+                if job.name in done_before:
+                    print(f"running {job.name} again: its base was trained again and came out "
+                          f"different, and the other forks of the base will start from this training")
                 busy = [r["gpu"] for r in running.values()]
                 gpu = min(gpus, key=busy.count) if gpus else None
                 running[job.name] = dict(launch(job, gpu, log_dir, parallel > 1), job=job)
@@ -358,8 +372,16 @@ def fork_job(plan, recipe, seed, p, arm):
             for f in glob.glob(os.path.join(d, "ckpt*.pt")):
                 os.remove(f)
 
-    return Job(f"fork/{recipe}_s{seed}_at{p}_to{plan.end}/{arm}", d, argv,
-               lambda: os.path.exists(os.path.join(d, "done.json")), finish,
+    def done():
+        """Finished, from the training of the base that is here (if one is: a fresh machine has
+        only the logs of earlier sittings until it trains the base again)."""
+        path = os.path.join(d, "done.json")
+        if not os.path.exists(path) or not os.path.exists(snap):
+            return os.path.exists(path)
+        fp = json.load(open(path)).get("base_fp")
+        return fp is None or fp == base_fingerprint(plan.base_dir(recipe, seed), p)
+
+    return Job(f"fork/{recipe}_s{seed}_at{p}_to{plan.end}/{arm}", d, argv, done, finish,
                after=(f"base/{recipe}_s{seed}_at{p}",))
 
 

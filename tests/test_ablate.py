@@ -309,3 +309,20 @@ def test_forks_of_a_base_trained_again_differently_are_not_paired():
     assert rows["ufp4"]["train"]["vs_ref"]["n"] == 2
     assert g["gap_reduction"]["train"]["n"] == 1 and g["gap_reduction"]["train"]["estimate"] == pytest.approx(0.5)
     assert "not paired" in "\n".join(ablate.group_markdown(("bf16", 1, 6, 2), g))
+
+
+def test_a_fork_runs_again_when_its_base_was_trained_again_differently(tmp_path):
+    plan = ablate.Plan("cfg.py", [], str(tmp_path), end=9, schedule=9, eval_iters=3)
+    fork = ablate.fork_job(plan, "bf16", 0, 6, "ufp4")
+    os.makedirs(fork.out_dir)
+    with open(os.path.join(fork.out_dir, "done.json"), "w") as f:
+        json.dump(dict(base_fp=[2.0, 2.5]), f)
+    assert fork.done()                 # no base here (a fresh machine with packed logs): done
+    base = plan.base_dir("bf16", 0)
+    os.makedirs(base)
+    os.makedirs(os.path.dirname(plan.snapshot("bf16", 0, 6)))
+    open(plan.snapshot("bf16", 0, 6), "w").close()
+    for val, done in ((2.5, True), (2.6, False)):   # the base trained here: the same, or not
+        with open(os.path.join(base, "log.jsonl"), "w") as f:
+            f.write(json.dumps(dict(type="eval", iter=6, train_loss=2.0, val_loss=val)) + "\n")
+        assert fork.done() is done
