@@ -1,33 +1,227 @@
-"""ablate.py: a two-arm, two-seed sweep of tiny runs through train.py, resumable, with the gap table."""
+"""ablate.py: the forked design end to end on tiny CPU runs (bases, forks, skip, resume, report
+arithmetic), the gap-reduction interval on synthetic numbers, the arms' train.py overrides, the
+plots, and the seed-per-arm design."""
+import glob
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
+
+import pytest
 
 from train_helpers import ROOT, make_char_dataset
 
 import ablate  # noqa: E402
+import fp4  # noqa: E402
+import train  # noqa: E402
 
 
-def write_config(tmp_path, ds):
+def write_config(tmp_path, ds, **over):
     """A config file for a tiny CPU run (ablate.py adds out_dir, seed and the arm's recipe)."""
     settings = dict(data_dir=os.path.dirname(ds), dataset=os.path.basename(ds), device="cpu",
                     backend="torch", batch_size=4, block_size=32, n_layer=2, n_head=2, n_embd=32,
-                    max_iters=12, eval_interval=12, eval_iters=2, log_interval=2, warmup_iters=2,
+                    max_iters=8, eval_interval=2, eval_iters=2, log_interval=2, warmup_iters=2,
                     learning_rate=3e-3, min_lr=3e-4)
+    settings.update(over)
     cfg = tmp_path / "tiny.py"
     cfg.write_text("".join(f"{k} = {v!r}\n" for k, v in settings.items()))
     return str(cfg)
 
 
-def test_sweep_runs_pairs_and_resumes(tmp_path):
+def ablate_cli(*args, timeout=600):
+    p = subprocess.run([sys.executable, "ablate.py", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def log_of(d, kind):
+    with open(os.path.join(d, "log.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["type"] == kind]
+
+
+def scores_by_hand(out, seed, arm, fork_at=4, end=8):
+    d = os.path.join(out, "forks", f"bf16_s{seed}_at{fork_at}_to{end}", arm)
+    train_losses = [r["loss"] for r in log_of(d, "train") if fork_at <= r["iter"] < end]
+    assert len(train_losses) == end - fork_at   # forks log every step of their window
+    return sum(train_losses) / len(train_losses), [r for r in log_of(d, "eval") if r["iter"] == end][-1]["val_loss"]
+
+
+def test_fork_design_end_to_end_with_skip_and_resume(tmp_path, capsys):
     ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
     cfg = write_config(tmp_path, ds)
+    out = str(tmp_path / "fork")
+    cmd = ["fork", cfg, "--bases=0,1", "--arms=e2m1", "--fork_at=4", f"--out={out}", "--parallel=2"]
+    ablate_cli(*cmd)
+    for seed in (0, 1):
+        assert os.path.exists(os.path.join(out, "bases", f"bf16_s{seed}_at4", "ckpt.pt"))
+        base_evals = [r["iter"] for r in log_of(os.path.join(out, "bases", f"bf16_s{seed}"), "eval")]
+        assert max(base_evals) == 4       # the base stops at the fork point
+        for arm in ("bf16", "e2m1"):      # bf16, the reference, is added
+            d = os.path.join(out, "forks", f"bf16_s{seed}_at4_to8", arm)
+            assert log_of(d, "train")[0]["iter"] == 4   # resumed from the base's step-4 state
+            base_eval = [r for r in log_of(os.path.join(out, "bases", f"bf16_s{seed}"), "eval") if r["iter"] == 4]
+            done = json.load(open(os.path.join(d, "done.json")))  # which training of the base
+            assert done["base_fp"] == [base_eval[-1]["train_loss"], base_eval[-1]["val_loss"]]
+    # the report's paired arithmetic, against a hand computation from the logs
+    by_hand = {(a, s): scores_by_hand(out, s, a) for a in ("bf16", "e2m1") for s in (0, 1)}
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    (group,) = summary["groups"]
+    assert (group["base_recipe"], group["fork_at"], group["end"], group["bases"]) == ("bf16", 4, 8, [0, 1])
+    row = {r["arm"]: r for r in group["contrasts"]}["e2m1"]
+    for i, score in enumerate(("train", "val")):
+        diffs = [by_hand["e2m1", s][i] - by_hand["bf16", s][i] for s in (0, 1)]
+        c = row[score]["vs_ref"]
+        assert c["n"] == 2
+        assert c["per_base"] == pytest.approx({"0": diffs[0], "1": diffs[1]}, abs=1e-12)
+        assert c["mean"] == pytest.approx((diffs[0] + diffs[1]) / 2, abs=1e-12)
+        assert c["se"] == pytest.approx(abs(diffs[0] - diffs[1]) / 2, abs=1e-12)  # sd / sqrt(2)
+    assert "| e2m1 | 2 |" in open(os.path.join(out, "summary.md")).read()
+    assert os.path.exists(os.path.join(out, "fork_curves.png"))
+    # an interrupted fork: stopped at step 6 (its own checkpoint there), resumed by the next call
+    plan = ablate.Plan(cfg, [], out, end=8, schedule=8, eval_iters=2)
+    job = ablate.fork_job(plan, "bf16", 1, 4, "e2m1")
+    ablate.shutil.rmtree(job.out_dir)
+    argv = [a.replace("--max_iters=8", "--max_iters=6") for a in job.argv()]
+    subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, check=True)
+    stdout = ablate_cli(*cmd)
+    # the three other forks and the one base this fork needs are done; base 0 is not needed
+    assert "4 runs already done, 1 to run" in stdout
+    resumed = open(os.path.join(out, "logs", "fork__bf16_s1_at4_to8__e2m1.txt")).read()
+    assert f"resumed from {os.path.join(job.out_dir, 'ckpt.pt')} at iter 6" in resumed
+    assert scores_by_hand(out, 1, "e2m1") == pytest.approx(by_hand["e2m1", 1], abs=1e-6)
+    # `report` recomputes the same tables from the runs on disk
+    os.remove(os.path.join(out, "summary.json"))
+    ablate.main(["report", f"--out={out}"])
+    again = json.load(open(os.path.join(out, "summary.json")))
+    assert again["groups"][0]["contrasts"][1]["train"]["vs_ref"]["mean"] == pytest.approx(
+        row["train"]["vs_ref"]["mean"], abs=1e-6)
+    # the next sitting on a fresh machine gets only the packed logs: it reports the same and
+    # neither reruns the finished forks nor retrains their bases
+    ablate.main(["pack", f"--out={out}", f"--to={tmp_path / 'runs.tgz'}"])
+    ablate.shutil.unpack_archive(str(tmp_path / "runs.tgz"), str(tmp_path / "next"))
+    moved = str(tmp_path / "next" / "fork")
+    assert not [f for f in glob.glob(moved + "/**/*.pt", recursive=True)]
+    capsys.readouterr()
+    ablate.main([a.replace(out, moved) for a in cmd])
+    assert "4 runs already done, 0 to run" in capsys.readouterr().out
+    assert json.load(open(os.path.join(moved, "summary.json")))["groups"] == again["groups"]
+
+
+def test_gap_reduction_interval_on_synthetic_gaps():
+    new, old = [0.6, 0.9, 0.7, 1.0], [1.0, 1.2, 0.9, 1.3]
+    g = ablate.gap_reduction(new, old)
+    n, mn, mo = 4, sum(new) / 4, sum(old) / 4
+    r = mn / mo
+    var = lambda xs, m: sum((x - m) ** 2 for x in xs) / (n - 1)  # noqa: E731
+    cov = sum((a - mn) * (b - mo) for a, b in zip(new, old)) / (n - 1)
+    se = math.sqrt((var(new, mn) - 2 * r * cov + r * r * var(old, mo)) / n) / mo
+    assert g["estimate"] == pytest.approx(1 - 0.8 / 1.1, abs=1e-12)
+    assert g["se"] == pytest.approx(se, rel=1e-12)
+    assert g["ci95"] == pytest.approx([g["estimate"] - 3.182 * se, g["estimate"] + 3.182 * se], rel=1e-12)
+    assert g["boot_ci95"][0] < g["estimate"] < g["boot_ci95"][1]
+    assert g["old_gap"] == pytest.approx(1.1) and g["n"] == 4
+    # gaps exactly proportional: the reduction is known without error
+    exact = ablate.gap_reduction([0.8 * x for x in old], old)
+    assert exact["estimate"] == pytest.approx(0.2) and exact["se"] == pytest.approx(0, abs=1e-12)
+    assert exact["boot_ci95"] == pytest.approx([0.2, 0.2])
+    assert math.isnan(ablate.gap_reduction([0.5], [1.0])["se"])  # one base: no interval
+    assert ablate.t975(1) == 12.706 and abs(ablate.t975(60) - 2.000) < 0.003
+
+
+def test_every_arm_is_a_valid_train_override():
+    cfg_path = os.path.join(ROOT, "configs", "gpu", "ablate_gpt.py")
+    recipes = {}
+    for arm in ablate.ARMS:
+        cfg = train.get_config([cfg_path, *ablate.arm_args(arm)])
+        recipes[arm] = r = train.make_recipe_from(cfg)
+        if r.quantized:
+            fp4.check_dims(r, cfg["n_embd"], 1024)   # d = 384, SwiGLU hidden 1024
+    rht = lambda r: tuple(g for g in fp4.GEMMS if getattr(r, g).rht)  # noqa: E731
+    grid = lambda r: fp4.get_format(r.fprop.fmt)  # noqa: E731
+    assert rht(recipes["int4_rht_none"]) == ()
+    assert rht(recipes["int4_rht_dgrad_wgrad"]) == ("dgrad", "wgrad")
+    assert rht(recipes["int4_rht_fprop_wgrad"]) == ("fprop", "wgrad")
+    assert rht(recipes["ufp4"]) == fp4.GEMMS and rht(recipes["e2m1_rht_all"]) == fp4.GEMMS
+    assert recipes["ufp4"].wgrad.sr_a and not recipes["ufp4_no_sr"].wgrad.sr_a
+    assert not recipes["ufp4_no_sr"].dgrad.sr_a
+    assert (grid(recipes["ufp4_e8m0"]).grid, grid(recipes["ufp4_e8m0"]).block,
+            grid(recipes["ufp4_e8m0"]).scale) == ("int4", 16, "e8m0")
+    assert (grid(recipes["mxint4"]).grid, grid(recipes["mxint4"]).block) == ("int4", 32)
+    assert all(grid(recipes[a]).grid == "int4" for a in ablate.PAPER_LOSS)
+    assert set(ablate.GROUPS["placement"]) >= set(ablate.PAPER_LOSS)
+
+
+def fake_fork_runs():
+    def run(offset):
+        train_c = {i: 3.0 - 0.01 * (i - 100) + offset for i in range(100, 150)}
+        val_c = {125: 3.1 + offset, 150: 2.6 + offset}
+        return dict(train=statistics.fmean(train_c.values()), val=val_c[150], steps=50,
+                    train_curve=train_c, val_curve=val_c)
+    return {("bf16", 100, 150, 2): {"bf16": {0: run(0.0), 1: run(0.01)},
+                                    "e2m1": {0: run(0.02), 1: run(0.03)}}}
+
+
+def test_fork_plot_draws_train_and_val_curves_and_no_empty_panel(tmp_path):
+    fig = ablate.plot_forks(fake_fork_runs(), "bf16", str(tmp_path / "f.png"))
+    train_ax, val_ax, diff_ax = fig.axes
+    train_lines = {ln.get_label(): ln for ln in train_ax.lines}
+    val_lines = {ln.get_label(): ln for ln in val_ax.lines}
+    assert {"bf16 train", "e2m1 train"} <= set(train_lines) and {"bf16 val", "e2m1 val"} <= set(val_lines)
+    assert list(val_lines["e2m1 val"].get_xdata()) == [125, 150]   # the evals of the fork window
+    assert val_lines["e2m1 val"].get_ydata()[-1] == pytest.approx(2.625)  # mean over the two bases
+    assert min(train_lines["bf16 train"].get_xdata()) == 100       # the fork window only
+    diff = {ln.get_label(): ln for ln in diff_ax.lines}["e2m1 val"]
+    assert list(diff.get_ydata()) == pytest.approx([0.02, 0.02])
+    # no reference among the runs: no third (empty) panel
+    only = {k: {"e2m1": v["e2m1"]} for k, v in fake_fork_runs().items()}
+    assert len(ablate.plot_forks(only, "bf16", str(tmp_path / "g.png")).axes) == 2
+
+
+def test_seed_plot_shows_the_whole_run_and_val_curves(tmp_path):
+    curve = {i: 10.0 * math.exp(-i / 50) + 1.5 for i in range(0, 300, 10)}
+    runs = {("bf16", 0): dict(train=curve, val={0: 11.5, 150: 2.0, 290: 1.6}),
+            ("ufp4", 0): dict(train={i: v * 1.01 for i, v in curve.items()}, val={0: 11.6, 290: 1.62})}
+    fig = ablate.plot_seeds(runs, ["bf16", "ufp4"], [0], str(tmp_path / "s.png"))
+    ax, gap_ax = fig.axes
+    lo, hi = ax.get_ylim()
+    assert lo <= 1.5 and hi >= 11.6             # the first iterations are not cut off
+    assert {"bf16 val", "ufp4 val", "ufp4 train"} <= {ln.get_label() for ln in ax.lines}
+    assert gap_ax.lines                         # the paired-gap panel has curves
+    only = ablate.plot_seeds({("bf16", 0): runs["bf16", 0]}, ["bf16"], [0], str(tmp_path / "t.png"))
+    assert len(only.axes) == 1                  # nothing to pair: no empty gap panel
+
+
+def test_bad_input_is_a_clear_error(tmp_path, capsys):
+    for argv, msg in ((["fork", "configs/gpt_ablate.py", "--arms=fp5", "--out=x"], "unknown arm"),
+                      (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--seed=3"], "ablate.py sets"),
+                      (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--fork_at=9999"], "strictly between"),
+                      (["seeds", "configs/gpt_ablate.py", "--seeds=a"], "expected numbers")):
+        with pytest.raises(SystemExit):
+            ablate.main(argv)
+        assert msg in capsys.readouterr().err
+    # a later sitting in the same --out must pair with the first one's runs
+    parser = ablate.build_parser()
+
+    def plan_for(*extra):
+        args, rest = parser.parse_known_args(["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", *extra])
+        args.arms, args.base_recipes, args.fork_at = ["bf16"], ["bf16"], []
+        return ablate.make_plan(args, rest, parser)
+    plan, points = plan_for()
+    assert (points, plan.end, plan.schedule, plan.eval_iters) == ([300], 450, 450, 20)  # 2/3 of the run
+    with pytest.raises(SystemExit):
+        plan_for("--n_layer=3")
+    assert "do not pair" in capsys.readouterr().err
+
+
+def test_seeds_sweep_runs_pairs_and_resumes(tmp_path):
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    cfg = write_config(tmp_path, ds, max_iters=6, eval_interval=6, log_interval=1)
     out = str(tmp_path / "sweep")
-    cmd = [sys.executable, "ablate.py", cfg, "--arms=ufp4_no_sr", "--seeds=0,1", f"--out={out}",
-           "--parallel=2"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
+    cmd = ["seeds", cfg, "--arms=ufp4_no_sr", "--seeds=0,1", f"--out={out}", "--parallel=2"]
+    ablate_cli(*cmd)
     for arm in ("bf16", "ufp4_no_sr"):   # bf16 is added as the reference of the gap
         for seed in (0, 1):
             assert os.path.exists(os.path.join(out, f"{arm}_s{seed}", "done.json"))
@@ -35,20 +229,16 @@ def test_sweep_runs_pairs_and_resumes(tmp_path):
     assert rows["bf16"]["gap_pct"][0] == 0.0
     assert rows["ufp4_no_sr"]["gap_pct"][0] > 0 and rows["ufp4_no_sr"]["seeds"] == 2
     assert rows["ufp4_no_sr"]["gap_pct"][0] >= abs(rows["ufp4_no_sr"]["signed_gap_pct"][0])
-    vals = {(a, s): [json.loads(l)["val_loss"] for l in open(os.path.join(out, f"{a}_s{s}", "log.jsonl"))
-                     if '"eval"' in l][-1] for a in ("bf16", "ufp4_no_sr") for s in (0, 1)}
+    vals = {(a, s): log_of(os.path.join(out, f"{a}_s{s}"), "eval")[-1]["val_loss"]
+            for a in ("bf16", "ufp4_no_sr") for s in (0, 1)}
     want = [100 * (vals["ufp4_no_sr", s] / vals["bf16", s] - 1) for s in (0, 1)]
     assert abs(rows["ufp4_no_sr"]["val_gap_pct"][0] - sum(want) / 2) < 1e-9
     assert os.path.exists(os.path.join(out, "loss_curves.png"))
     # paired: both arms of a seed start from the same init and data, so their first losses agree
-    first = {}
-    for arm in ("bf16", "ufp4_no_sr"):
-        with open(os.path.join(out, f"{arm}_s0", "log.jsonl")) as f:
-            first[arm] = next(json.loads(l)["loss"] for l in f if '"train"' in l)
+    first = {arm: log_of(os.path.join(out, f"{arm}_s0"), "train")[0]["loss"] for arm in ("bf16", "ufp4_no_sr")}
     assert abs(first["bf16"] - first["ufp4_no_sr"]) < 0.05
     # a second call finds everything done and only redoes the report
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "4 runs already done, 0 to run" in p.stdout
+    assert "4 runs already done, 0 to run" in ablate_cli(*cmd)
 
 
 def test_gap_is_mean_relative_difference_over_the_tail():
@@ -69,7 +259,70 @@ def test_val_gap_compares_the_last_eval_both_runs_reached():
     assert abs(ablate.val_gap(stopped, ref) - 10.0) < 1e-9
 
 
-def test_unknown_arm_is_a_clear_error():
-    p = subprocess.run([sys.executable, "ablate.py", "configs/gpt_ablate.py", "--arms=fp5"], cwd=ROOT,
-                       capture_output=True, text=True)
-    assert p.returncode != 0 and "unknown arm" in p.stderr and "ufp4" in p.stderr
+def test_several_fork_points_chain_the_base_and_each_fork_waits_for_its_point(tmp_path):
+    plan = ablate.Plan("cfg.py", ["--device=cpu"], str(tmp_path), end=9, schedule=12, eval_iters=3)
+    jobs = ablate.base_jobs(plan, "e2m1", 5, [3, 6])
+    assert [j.name for j in jobs] == ["base/e2m1_s5_at3", "base/e2m1_s5_at6"]
+    assert jobs[0].after == () and jobs[1].after == ("base/e2m1_s5_at3",)   # resumed from step 3
+    argv = jobs[1].argv()
+    assert {"--max_iters=6", "--lr_decay_iters=12", "--seed=5", "--recipe=e2m1",
+            "--always_save_checkpoint=True", "--device=cpu"} <= set(argv)
+    os.makedirs(plan.base_dir("e2m1", 5))
+    open(os.path.join(plan.base_dir("e2m1", 5), "ckpt.pt"), "w").close()
+    assert jobs[1].argv()[-1] == "--init_from=resume"
+    fork = ablate.fork_job(plan, "e2m1", 5, 6, "ufp4_no_sr")
+    assert fork.after == ("base/e2m1_s5_at6",)
+    argv = fork.argv()
+    assert {"--max_iters=9", "--lr_decay_iters=12", "--eval_iters=3", "--log_interval=1", "--recipe=ufp4",
+            "--recipe_sr_dy=False", "--init_from=resume"} <= set(argv)
+    assert argv[-1] == f"--resume_from={plan.snapshot('e2m1', 5, 6)}"
+    # a base already past a fork point cannot fork there any more
+    with open(os.path.join(plan.base_dir("e2m1", 5), "log.jsonl"), "w") as f:
+        f.write(json.dumps(dict(type="eval", iter=6, train_loss=1.0, val_loss=1.0)) + "\n")
+    with pytest.raises(SystemExit, match="past the new fork point 3"):
+        ablate.base_jobs(plan, "e2m1", 5, [3, 6])
+
+
+def test_crossover_pairs_the_same_arm_across_base_recipes():
+    def runs(shift):
+        return {arm: {s: dict(train=1.0 + shift + 0.1 * i + 0.01 * s, val=2.0 + shift)
+                      for s in (0, 1)} for i, arm in enumerate(("e2m1", "ufp4"))}
+    groups = {("e2m1", 10, 20, 5): runs(0.0), ("ufp4", 10, 20, 5): runs(-0.03)}
+    rows = ablate.crossover(groups)
+    assert [(r["arm"], r["base"], r["vs_base"]) for r in rows] == [("e2m1", "ufp4", "e2m1"),
+                                                                    ("ufp4", "ufp4", "e2m1")]
+    assert all(r["train"]["mean"] == pytest.approx(-0.03) and r["train"]["n"] == 2 for r in rows)
+    assert "Crossover" in "\n".join(ablate.crossover_markdown(rows))
+
+
+def test_forks_of_a_base_trained_again_differently_are_not_paired():
+    def run(train, fp):
+        return dict(train=train, val=train + 1, steps=5, train_curve={}, val_curve={}, base_fp=fp)
+    runs = {"bf16": {0: run(3.0, [1.0, 2.0]), 1: run(3.0, [1.5, 2.5])},
+            "e2m1": {0: run(3.1, [1.0, 2.0]), 1: run(3.9, [1.6, 2.6])},   # seed 1: another training
+            "ufp4": {0: run(3.05, [1.0, 2.0]), 1: run(3.05, [1.5, 2.5])}}
+    g = ablate.group_summary(runs, "bf16")
+    rows = {r["arm"]: r for r in g["contrasts"]}
+    assert rows["e2m1"]["unpaired"] == [1] and rows["ufp4"]["unpaired"] == []
+    assert rows["e2m1"]["train"]["vs_ref"]["n"] == 1
+    assert rows["e2m1"]["train"]["vs_ref"]["mean"] == pytest.approx(0.1)
+    assert rows["ufp4"]["train"]["vs_ref"]["n"] == 2
+    assert g["gap_reduction"]["train"]["n"] == 1 and g["gap_reduction"]["train"]["estimate"] == pytest.approx(0.5)
+    assert "not paired" in "\n".join(ablate.group_markdown(("bf16", 1, 6, 2), g))
+
+
+def test_a_fork_runs_again_when_its_base_was_trained_again_differently(tmp_path):
+    plan = ablate.Plan("cfg.py", [], str(tmp_path), end=9, schedule=9, eval_iters=3)
+    fork = ablate.fork_job(plan, "bf16", 0, 6, "ufp4")
+    os.makedirs(fork.out_dir)
+    with open(os.path.join(fork.out_dir, "done.json"), "w") as f:
+        json.dump(dict(base_fp=[2.0, 2.5]), f)
+    assert fork.done()                 # no base here (a fresh machine with packed logs): done
+    base = plan.base_dir("bf16", 0)
+    os.makedirs(base)
+    os.makedirs(os.path.dirname(plan.snapshot("bf16", 0, 6)))
+    open(plan.snapshot("bf16", 0, 6), "w").close()
+    for val, done in ((2.5, True), (2.6, False)):   # the base trained here: the same, or not
+        with open(os.path.join(base, "log.jsonl"), "w") as f:
+            f.write(json.dumps(dict(type="eval", iter=6, train_loss=2.0, val_loss=val)) + "\n")
+        assert fork.done() is done

@@ -1,8 +1,13 @@
-"""analyze.py: the grid picture, and the tensor/depth analysis on a checkpoint of a tiny run."""
+"""analyze.py: the grid picture, the tensor/depth analysis and the mechanism measurements on a
+checkpoint of a tiny run, and the estimators behind them on synthetic data."""
 import json
 import os
+import subprocess
+import sys
 
-from train_helpers import keep_global_rng, make_char_dataset, tiny_args  # noqa: F401 (autouse)
+import torch
+
+from train_helpers import ROOT, keep_global_rng, make_char_dataset, tiny_args  # noqa: F401 (autouse)
 
 import analyze  # noqa: E402
 import fp4  # noqa: E402
@@ -29,6 +34,61 @@ def test_tensor_and_depth_analysis_of_a_checkpoint(tmp_path):
     depth = json.load(open(prefix + "_depth.json"))
     assert set(depth) == {"e2m1", "ufp4", "nvfp4", "mxfp4"}
     assert len(depth["ufp4"]["rms_ratio"]) == 2 and os.path.exists(prefix + "_depth.png")
-    # e2m1 shrinks: its compounded attenuation is below int4's
-    assert depth["e2m1"]["alpha_chain"][-1] < depth["ufp4"]["alpha_chain"][-1]
+    # e2m1 shrinks: its per-GEMM attenuation is below int4's in every block; no compounded chain
+    assert all(e < u for e, u in zip(depth["e2m1"]["gemm_attenuation"], depth["ufp4"]["gemm_attenuation"]))
+    assert "alpha_chain" not in depth["e2m1"]
     assert fp4.RECIPES["ufp4"].quantized
+
+
+def test_mechanism_of_a_checkpoint(tmp_path):
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    out = str(tmp_path / "run")
+    train.main(tiny_args(ds, out, max_iters=4, eval_interval=4, n_embd=32, block_size=32))
+    # through the CLI, in its own process: torch's CPU worker threads keep the denormal flag of
+    # the thread that created them, and earlier tests in this process created them without it
+    subprocess.run([sys.executable, "analyze.py", "mechanism", f"--ckpt={os.path.join(out, 'ckpt.pt')}",
+                    "--batches=2", "--draws=2", f"--out={tmp_path / 'm'}", "--device=cpu"],
+                   cwd=ROOT, check=True, capture_output=True)
+    prefix = str(tmp_path / "m" / analyze.ckpt_label(os.path.join(out, "ckpt.pt")))
+    assert prefix.endswith(os.path.basename(str(tmp_path)) + "_run")
+    r = json.load(open(prefix + "_mechanism.json"))
+    labels = ("e2m1", "e2m1+RHT", "ufp4", "ufp4+RHT")
+    assert len(r["layers"]) == 8 and r["iter"] == 4    # 2 blocks x qkv, proj, fc1, fc2
+    for c in labels:
+        for t in ("all", *r["layers"]):
+            m, se = r["forward_penalty"][f"{c}|{t}"]
+            assert abs(m) < 0.1 and se >= 0
+        for t in r["layers"]:
+            g = r["gradient"][f"{c}|{t}"]
+            assert 0.8 < g["alpha_g"][0] < 1.2 and 0.9 < g["cosine"][0] <= 1 and g["var_ratio"][0] > 0
+            assert 0.9 < r["operands"][f"{c}|{t}|x"]["alpha"][0] < 1.1
+    # quantizing every Fprop costs more than quantizing one layer's, on average
+    assert r["forward_penalty"]["e2m1|all"][0] > sum(r["forward_penalty"][f"e2m1|{t}"][0] for t in r["layers"]) / 8 - 0.01
+    md = open(prefix + "_mechanism.md").read()
+    assert "| all |" in md and "## What shows" in md and "paper 21.90" in md
+    assert r["draws"] == 2 and r["batches"] == 2
+
+
+def test_level_bias_matches_the_analytic_bias_on_uniform_data():
+    torch.manual_seed(0)
+    for fmt, grid in (("e2m1", "e2m1"), ("ufp4", "int4")):
+        x = torch.rand(4096, 64) * 2 - 1
+        x[:, ::16] = 1.0              # every block's amax is 1: t = |x| * qmax is uniform on [0, qmax]
+        q = fp4.quantize(x, fmt, dim=-1)
+        sums, counts = analyze.level_bias(q, x)
+        levels = fp4.GRIDS[grid].levels
+        assert sum(counts) == x.numel()
+        for level, want in fp4.bin_bias(grid).items():
+            i = levels.index(level)
+            assert abs(sums[i] / counts[i] - want) < 0.01, (fmt, level, sums[i] / counts[i], want)
+
+
+def test_draw_stats_recovers_a_known_bias_and_variance():
+    torch.manual_seed(0)
+    exact = torch.randn(20000, dtype=torch.float64)
+    draws = [0.9 * exact + 0.5 * torch.randn(20000, dtype=torch.float64) for _ in range(16)]
+    s = analyze.draw_stats(exact, sum(draws), sum(d.pow(2).sum().item() for d in draws), 16)
+    gg = exact.pow(2).sum().item() / 20000
+    assert abs(s["alpha_g"] - 0.9) < 0.005
+    assert abs(s["bias2_rel"] - 0.01) < 0.002          # |0.1 g|^2 / |g|^2, the draw noise removed
+    assert abs(s["var_ratio"] - 0.25 / gg) < 0.02 and s["cosine"] > 0.99

@@ -1,9 +1,14 @@
-# The dense GPT of the GPU recipe ablation (issue 7): `python ablate.py configs/gpu/ablate_gpt.py
-# --arms=paper_gpt --seeds=0,1 --parallel=12 --gpus=0,1` (scripts/gpu_ablate.sh runs the sweep).
+# The dense GPT of the recipe ablation on the GPU. Headline (forked design: bases to step 1000,
+# every arm forked from each to step 1500):
+#   python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=headline --fork_at=1000 \
+#       --eval_iters=100 --parallel=6 --out=out/fork_gpt
+# (`python ablate.py seeds configs/gpu/ablate_gpt.py ...` runs the older seed-per-arm design.)
 # 8 layers x 384, SwiGLU, RMSNorm, RoPE, tied embeddings: 33.6M parameters (14.2M non-embedding),
-# context 512, 16,384 tokens per step, 1500 steps = 24.6M tokens (0.9 epoch of `literature`, so no
-# token is seen twice). Sized so that all 11 runs of the sweep train side by side on two H200s in
-# a few minutes; each run alone would leave most of a GPU idle.
+# context 512, 16,384 tokens per step, 1500 steps = 24.6M tokens, 0.9 of `literature`'s 28M train
+# tokens. Batches are windows at random offsets drawn with replacement, so this is not one pass over
+# the data: about 42 % of the train tokens are never seen and about 22 % are seen more than once
+# (Poisson with mean 0.87 per token). Six runs of this model share one H200 comfortably; twelve
+# ran out of memory.
 out_dir = "out/ablate_gpt_{recipe}"
 dataset = "literature"
 vocab_size = 50304
