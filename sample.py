@@ -14,67 +14,46 @@ import sys
 
 import torch
 
+import fp4
+from checkpoint import RECIPE_KEYS, CheckpointError, build_model, load_checkpoint, make_recipe_from
+from configurator import ConfigError, defaults_of, help_text, parse, wants_help
+from data.common import decoder, encoder
+
 # -----------------------------------------------------------------------------
-out_dir = "out"
+out_dir = "out"          # the run's folder: its ckpt.pt is sampled
 ckpt_path = ""           # "" = out_dir/ckpt.pt
 start = "\n"             # the prompt, or "FILE:path" to read it from a file
-num_samples = 3
-max_new_tokens = 500
+num_samples = 3          # samples to draw
+max_new_tokens = 500     # tokens per sample
 temperature = 0.8        # < 1 sharpens, > 1 flattens the distribution
 top_k = 200              # keep only the top_k most likely tokens (0 = all)
-seed = 1337
-device = "auto"
-dtype = "auto"
+seed = 1337              # seeds the sampling
+device = "auto"          # "auto" (cuda when present), "cpu", "cuda", "cuda:1"...
+dtype = "auto"           # "auto" (bf16 autocast on GPU, fp32 on CPU), "bfloat16", "float32"
 recipe = ""              # "" = the checkpoint's recipe (with its ablation overrides)
-backend = "auto"
+backend = "auto"         # fp4 backend: "auto", "torch" or "triton"
 # -----------------------------------------------------------------------------
-DEFAULTS = {k: v for k, v in globals().items()
-            if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
+DEFAULTS = defaults_of(globals())
 
-def decoder(meta):
-    """token ids -> str for a dataset's meta (char or gpt2)."""
-    if meta["tokenizer"] == "char":
-        itos = meta["itos"]
-        return lambda ids: "".join(itos[i] for i in ids)
-    from data.common import get_gpt2_encoding
-    enc = get_gpt2_encoding()
-    return lambda ids: enc.decode([i for i in ids if i < enc.n_vocab])
-
-def encoder(meta):
-    """str -> token ids for a dataset's meta; unknown characters are an error."""
-    if meta["tokenizer"] == "char":
-        stoi = meta["stoi"]
-        def encode(text):
-            bad = sorted(set(ch for ch in text if ch not in stoi))
-            if bad:
-                raise ValueError(f"characters {bad} are not in the dataset's vocabulary")
-            return [stoi[ch] for ch in text]
-        return encode
-    from data.common import get_gpt2_encoding
-    enc = get_gpt2_encoding()
-    return lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})
 
 def main(argv=None):
-    import fp4
-    import train
-    from model import GPT, GPTConfig
-
-    c = train.get_config(sys.argv[1:] if argv is None else argv, defaults=DEFAULTS)
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_help(argv):
+        print(help_text(__file__, DEFAULTS, usage=__doc__))
+        return None
+    c, _ = parse(argv, DEFAULTS)
     fp4.set_backend(c["backend"])
     dev = c["device"] if c["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dt = c["dtype"] if c["dtype"] != "auto" else ("bfloat16" if dev.startswith("cuda") else "float32")
-    ckpt, path = train.load_checkpoint(c["ckpt_path"] or os.path.join(c["out_dir"], "ckpt.pt"), dev)
+    ckpt, path = load_checkpoint(c["ckpt_path"] or os.path.join(c["out_dir"], "ckpt.pt"),
+                                 flag="--ckpt_path")
     if "meta" not in ckpt:
-        raise train.CheckpointError(f"{path} holds no tokenizer (meta): cannot decode")
+        raise CheckpointError(f"{path} holds no tokenizer (meta): cannot decode")
     tcfg = dict(ckpt["config"])
     if c["recipe"]:  # another recipe, without the checkpoint's ablation overrides
-        tcfg.update({k: None for k in train.RECIPE_KEYS}, recipe=c["recipe"])
-    recipe = train.make_recipe_from(tcfg)
-    model = fp4.convert(GPT(GPTConfig(**ckpt["model_args"])), recipe)
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise train.CheckpointError(f"{path}: the weights do not fit the model: {e}") from e
+        tcfg.update({k: None for k in RECIPE_KEYS}, recipe=c["recipe"])
+    recipe = make_recipe_from(tcfg)
+    model = build_model(ckpt, recipe, path)
     model.eval().to(dev)
 
     prompt = c["start"]
@@ -100,10 +79,10 @@ def main(argv=None):
             print("---------------")
     return outs
 
+
 if __name__ == "__main__":
-    import train
     try:
         main()
-    except (train.ConfigError, train.CheckpointError, ValueError) as e:
+    except (ConfigError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -245,6 +245,30 @@ def get_gpt2_encoding(wheel_path=None, cache_dir=DEFAULT_CACHE_DIR):
         return tiktoken.get_encoding("gpt2")
 
 
+def decoder(meta):
+    """token ids -> str for a dataset's meta (char or gpt2)."""
+    if meta["tokenizer"] == "char":
+        itos = meta["itos"]
+        return lambda ids: "".join(itos[i] for i in ids)
+    enc = get_gpt2_encoding()
+    return lambda ids: enc.decode([i for i in ids if i < enc.n_vocab])
+
+
+def encoder(meta):
+    """str -> token ids for a dataset's meta; unknown characters are an error."""
+    if meta["tokenizer"] == "char":
+        stoi = meta["stoi"]
+
+        def encode(text):
+            bad = sorted(set(ch for ch in text if ch not in stoi))
+            if bad:
+                raise ValueError(f"characters {bad} are not in the dataset's vocabulary")
+            return [stoi[ch] for ch in text]
+        return encode
+    enc = get_gpt2_encoding()
+    return lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})
+
+
 def char_vocab(text):
     """Sorted list of the distinct characters of text: index = token id."""
     return sorted(set(text))

@@ -42,3 +42,8 @@ def test_sample_errors(out, tmp_path):
     p = subprocess.run([sys.executable, "sample.py", f"--out_dir={tmp_path}"], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 1 and p.stderr.startswith("error: no checkpoint at")
+
+def test_train_and_sample_do_not_import_each_other():
+    code = ("import sys, sample; assert 'train' not in sys.modules; "
+            "del sys.modules['sample']; import train; assert 'sample' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

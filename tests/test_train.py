@@ -65,6 +65,15 @@ def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
         train.get_config([arg])
 
+def test_model_keys_are_gptconfigs_fields():
+    import dataclasses
+    from model import GPTConfig
+    assert train.MODEL_KEYS == tuple(f.name for f in dataclasses.fields(GPTConfig))
+    c = train.get_config(["--n_layer=3", "--router=sigmoid"])
+    margs = train.model_config(c, 10)
+    assert margs.n_layer == 3 and margs.router == "sigmoid" and margs.vocab_size == 10
+    assert margs.rope_theta == GPTConfig.rope_theta   # not a config key: the model's default
+
 def test_telemetry_with_cuda_graphs_is_refused():
     # a replayed graph skips the Python that records the probes: say so instead of logging nothing
     with pytest.raises(train.ConfigError, match="telemetry_interval.*reduce-overhead.*compile_mode='default'"):
@@ -146,6 +155,26 @@ def test_dataset_prepared_from_input_file(tmp_path):
     train.main(tiny_args(str(tmp_path / "data" / "mine"), str(out), dataset_input=str(text),
                          max_iters=2))
     assert (tmp_path / "data" / "mine" / "train.bin").exists() and (out / "ckpt.pt").exists()
+
+TINYSHAKESPEARE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
+NANOGPT_CONFIG = os.path.join(ROOT, "configs", "shakespeare_char_gpt.py")
+SMALL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=48", "--batch_size=2",
+         "--block_size=32", "--dry_run"]
+
+@pytest.mark.skipif(not os.path.exists(TINYSHAKESPEARE), reason="no local tinyshakespeare")
+def test_nanogpt_comparison_config_takes_a_local_input(tmp_path):
+    train.main([NANOGPT_CONFIG, f"--dataset_input={TINYSHAKESPEARE}", f"--data_dir={tmp_path}",
+                f"--out_dir={tmp_path / 'o'}"] + SMALL)
+    meta = json.load(open(tmp_path / "tinyshakespeare_char" / "meta.json"))
+    assert (meta["vocab_size"], meta["train_tokens"], meta["val_tokens"]) == (65, 1003854, 111540)
+
+def test_nanogpt_comparison_config_offline_is_one_line(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    with pytest.raises(train.ConfigError) as e:
+        train.main([NANOGPT_CONFIG, f"--data_dir={tmp_path}", f"--out_dir={tmp_path / 'o'}"] + SMALL)
+    assert "\n" not in str(e.value) and "--dataset_input=path/to/input.txt" in str(e.value)
 
 def test_validation_errors(ds, tmp_path):
     with pytest.raises(train.ConfigError, match="fewer than one window"):
@@ -318,7 +347,7 @@ def _logged_after(out, k):
 def test_ddp_kill_9_resumes_on_two_and_on_one_process(ds, tmp_path, monkeypatch, capsys):
     """kill -9 of a whole 2-process job after a checkpoint; resuming on 2 processes and on 1
     (batch 2B, GlobalBatchLoader: same windows) gives the losses of an uninterrupted run.
-    (Issue 8: this once failed in about ten suite runs. The cause was a rank of a job that had
+    (This once failed in about ten suite runs. The cause was a rank of a job that had
     finished well dying of SIGABRT at interpreter exit, see tests/train_helpers.py; the losses
     were never at fault: resuming at any checkpoint from iter 3 to 18 matches within 3e-7.)"""
     kw = dict(batch_size=4, gradient_accumulation_steps=2, eval_interval=3, eval_iters=1,
