@@ -11,12 +11,14 @@ from data.common import load_meta
 DATASETS = ("shakespeare_char", "shakespeare", "literature", "tinyshakespeare_char")
 
 
-def prepare_dataset(name: str, data_dir: str = "data") -> str:
-    """Folder of dataset `name` under data_dir, prepared first if its files are missing."""
+def prepare_dataset(name: str, data_dir: str = "data", force: bool = False) -> str:
+    """Folder of dataset `name` under data_dir, prepared first if its files are missing (or
+    always, with force)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     path = os.path.join(data_dir, name)
-    if all(os.path.exists(os.path.join(path, f)) for f in ("train.bin", "val.bin", "meta.json")):
+    if not force and all(os.path.exists(os.path.join(path, f))
+                         for f in ("train.bin", "val.bin", "meta.json")):
         return path
     print(f"preparing dataset {name} (first run only)...", flush=True)
     prepare = importlib.import_module(f"data.{name}.prepare").prepare

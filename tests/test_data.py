@@ -520,3 +520,37 @@ def test_prepare_dataset_runs_prepare_and_wraps_failures(tmp_path, monkeypatch, 
     monkeypatch.setattr(shakespeare_char, "prepare", offline)
     with pytest.raises(RuntimeError, match=r"(?s)preparing dataset 'shakespeare_char'.*failed.*shakespeare==0\.6.*prepare\.py"):
         data.prepare_dataset("shakespeare_char", str(tmp_path))
+
+
+# -----------------------------------------------------------------------------
+# bad inputs: one line, and no half-written dataset
+
+
+@pytest.mark.parametrize("content, msg", [(b"", "is empty"), (b"  \n\n", "is empty"),
+                                          (b"abc\xff\xfe", "not UTF-8 text"),
+                                          (b"ab\x00cd", "NUL bytes")])
+def test_bad_input_file_is_refused_before_writing(tmp_path, content, msg):
+    from data import prepare as local
+    path = tmp_path / "in.txt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=msg):
+        local.prepare([str(path)], str(tmp_path / "out"), tokenizer="char")
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_too_short_for_both_splits_writes_nothing(tmp_path):
+    with pytest.raises(ValueError, match="too little text: the train split would be empty"):
+        write_dataset(str(tmp_path / "out"), [("a", "x")], tokenizer="char")
+    assert not (tmp_path / "out").exists()
+
+
+def test_damaged_meta_json_says_how_to_rebuild(tmp_path):
+    (tmp_path / "meta.json").write_text('{"vocab_size": 6')
+    with pytest.raises(ValueError, match=r"meta.json is damaged .*delete .* and prepare the dataset again"):
+        common.load_meta(str(tmp_path))
+
+
+def test_empty_bin_file_is_a_clear_error(tmp_path):
+    (tmp_path / "train.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"train.bin is empty: prepare the dataset again"):
+        BinLoader(str(tmp_path), "train", 4, 2, seed=0)

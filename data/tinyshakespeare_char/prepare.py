@@ -14,7 +14,7 @@ import sys
 
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from data.common import DEFAULT_CACHE_DIR, clean_text, sha256_file, url_download, write_dataset
+from data.common import DEFAULT_CACHE_DIR, clean_text, read_text_file, sha256_file, url_download, write_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -40,8 +40,7 @@ def fetch(cache_dir=DEFAULT_CACHE_DIR):
 
 def prepare(out_dir=HERE, cache_dir=DEFAULT_CACHE_DIR, input_path=None, val_fraction=0.1):
     path = input_path or fetch(cache_dir)
-    with open(path, encoding="utf-8") as f:
-        text = clean_text(f.read())
+    text = clean_text(read_text_file(path))
     return write_dataset(out_dir, [(os.path.basename(path), text)], tokenizer="char",
                          val_fraction=val_fraction, source=f"tinyshakespeare from {input_path or URL}",
                          inputs=[(input_path or URL, sha256_file(path))])
