@@ -264,3 +264,85 @@ def load_checkpoint(path, map_location="cpu", flag="--resume_from"):
         hint = "; readable: " + ", ".join(f"{flag}={p}" for p in good) if good else \
             "; no other readable checkpoint of this run"
         raise CheckpointError(f"{e}{hint}") from None
+
+# -----------------------------------------------------------------------------
+# a run owns its out_dir: a lock against a second live run, no scratch run over a finished one
+
+LOG = "log.jsonl"
+LOCK = "lock"
+RUN_FILES = (LATEST, PREVIOUS, BEST, LOG)
+
+
+def lock_out_dir(out_dir):
+    """Create out_dir and hold an flock on out_dir/lock (which names this pid) until
+    unlock_out_dir: a second live run into the same folder is refused. The kernel drops the lock
+    of a process that dies, so a lock file left by a killed run is free and taken over (its pid
+    said in a note). Also finds an unwritable out_dir before anything is computed."""
+    import fcntl
+    path, created = os.path.join(out_dir, LOCK), not os.path.isdir(out_dir)
+    while True:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"cannot write into out_dir {out_dir} ({e.strerror}): pick a "
+                              f"writable --out_dir") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(f"out_dir {out_dir} is in use by a live run (pid {holder}): wait "
+                              f"for it to finish, or pick another --out_dir") from None
+        try:   # the file may have been removed by its last holder between open and flock
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    stale = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    if stale:
+        print(f"note: {path} was left by pid {stale}, which no longer runs: taken over")
+    return fd, created
+
+
+def unlock_out_dir(lock, out_dir):
+    """Remove the lock file while still holding it, then release it; a folder that lock_out_dir
+    created and nothing was written into goes too."""
+    fd, created = lock
+    try:
+        os.remove(os.path.join(out_dir, LOCK))
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+    if created and not os.listdir(out_dir):
+        os.rmdir(out_dir)   # a run that stopped before writing anything leaves no empty folder
+
+
+def claim_out_dir(out_dir, init_from, resume_from, overwrite):
+    """A scratch run never lands on another run's files, nor does a resume from elsewhere (a
+    fork) land on another run's checkpoints, unless overwrite says so (the old files are
+    removed then). Resuming the run in out_dir, or forking into a new folder, is free."""
+    found = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
+    ckpts = [f for f in found if f != LOG]
+    fork = init_from == "resume" and resume_from and \
+        os.path.dirname(os.path.abspath(resume_from)) != os.path.abspath(out_dir)
+    if init_from == "scratch" and found:
+        clash = (f"out_dir {out_dir} holds a run ({', '.join(found)}): continue it with "
+                 f"--init_from=resume, replace it with --overwrite=True, or pick another --out_dir")
+    elif fork and ckpts:
+        clash = (f"out_dir {out_dir} holds another run ({', '.join(ckpts)}): resuming "
+                 f"{resume_from} into it would replace its checkpoints; fork into a new --out_dir, "
+                 f"drop --resume_from to continue that run, or replace it with --overwrite=True")
+    else:
+        return []
+    if not overwrite:
+        raise ConfigError(clash)
+    return found
+
+
+def remove_run_files(out_dir, names):
+    for name in names:
+        os.remove(os.path.join(out_dir, name))

@@ -11,6 +11,7 @@ import ast
 import builtins
 import difflib
 import io
+import math
 import os
 import sys
 import tokenize
@@ -112,6 +113,37 @@ def defaults_of(namespace):
     keys = [line.split("=", 1)[0].strip() for _, line in _defaults_block(namespace["__file__"])
             if "=" in line and not line.startswith("#")]
     return {k: namespace[k] for k in keys}
+
+
+def check_ranges(cfg, rules):
+    """rules: {key: (test, what the value must be)}; the first key whose value fails is a
+    ConfigError. Every float must also be finite."""
+    for key, value in cfg.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value} must be a finite number")
+    for key, (test, want) in rules.items():
+        if cfg.get(key) is not None and not test(cfg[key]):
+            raise ConfigError(f"{key}={cfg[key]!r} is out of range: it must be {want}")
+
+
+def check_device(device):
+    """'auto', 'cpu', 'cuda' or 'cuda:N' that this machine has; else a one-line ConfigError."""
+    import torch
+    if device in ("auto", "cpu"):
+        return
+    try:
+        d = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"device={device!r} is not a device: use 'auto', 'cpu', 'cuda' or "
+                          f"'cuda:N'") from None
+    if d.type != "cuda":
+        raise ConfigError(f"device={device!r}: nanoFP4 runs on 'cpu' or 'cuda'")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r}, but this machine has no CUDA GPU (torch "
+                          f"{torch.__version__}): use --device=cpu or --device=auto")
+    if d.index is not None and d.index >= torch.cuda.device_count():
+        raise ConfigError(f"device={device!r}, but this machine has {torch.cuda.device_count()} "
+                          f"GPU(s): use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
 
 
 def wants_help(argv):

@@ -16,7 +16,8 @@ import torch
 
 import fp4
 from checkpoint import RECIPE_KEYS, CheckpointError, build_model, load_checkpoint, make_recipe_from
-from configurator import ConfigError, defaults_of, help_text, parse, wants_help
+from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
+                          wants_help)
 from data.common import decoder, encoder
 
 # -----------------------------------------------------------------------------
@@ -34,6 +35,23 @@ recipe = ""              # "" = the checkpoint's recipe (with its ablation overr
 backend = "auto"         # fp4 backend: "auto", "torch" or "triton"
 # -----------------------------------------------------------------------------
 DEFAULTS = defaults_of(globals())
+CHOICES = dict(dtype=("auto", "bfloat16", "float32"), backend=("auto", "torch", "triton"))
+RANGES = dict(num_samples=(lambda v: v >= 1, ">= 1"), max_new_tokens=(lambda v: v >= 1, ">= 1"),
+              temperature=(lambda v: v > 0, "> 0 (near 0 is close to greedy, e.g. 0.01)"),
+              top_k=(lambda v: v >= 0, ">= 0 (0 = all tokens)"),
+              seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"))
+
+
+def read_prompt(start):
+    """The prompt: the text itself, or a file's text for FILE:path."""
+    if not start.startswith("FILE:"):
+        return start
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the prompt file {start[5:]!r} of --start=FILE:path "
+                          f"({getattr(e, 'strerror', None) or e}): name a text file") from None
 
 
 def main(argv=None):
@@ -41,10 +59,13 @@ def main(argv=None):
     if wants_help(argv):
         print(help_text(__file__, DEFAULTS, usage=__doc__))
         return None
-    c, _ = parse(argv, DEFAULTS)
+    c, _ = parse(argv, DEFAULTS, choices=CHOICES)
+    check_ranges(c, RANGES)
+    check_device(c["device"])
     fp4.set_backend(c["backend"])
     dev = c["device"] if c["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dt = c["dtype"] if c["dtype"] != "auto" else ("bfloat16" if dev.startswith("cuda") else "float32")
+    prompt = read_prompt(c["start"])
     ckpt, path = load_checkpoint(c["ckpt_path"] or os.path.join(c["out_dir"], "ckpt.pt"),
                                  flag="--ckpt_path")
     if "meta" not in ckpt:
@@ -56,10 +77,6 @@ def main(argv=None):
     model = build_model(ckpt, recipe, path)
     model.eval().to(dev)
 
-    prompt = c["start"]
-    if prompt.startswith("FILE:"):
-        with open(prompt[5:], encoding="utf-8") as f:
-            prompt = f.read()
     meta = ckpt["meta"]
     ids = encoder(meta)(prompt) or [0]
     decode = decoder(meta)
@@ -67,8 +84,10 @@ def main(argv=None):
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None]
     ctx = torch.autocast(dev.split(":")[0], dtype=torch.bfloat16) if dt == "bfloat16" else \
         torch.autocast("cpu", enabled=False)
-    print(f"# {path}: iter {ckpt['iter_num']}, recipe {recipe.name}, val loss "
-          f"{ckpt['best_val_loss']:.4f}", file=sys.stderr)
+    val = ckpt.get("val_loss")
+    print(f"# {path}: iter {ckpt['iter_num']}, recipe {recipe.name}, "
+          + (f"val loss {val:.4f} (best of its run {ckpt['best_val_loss']:.4f})" if val is not None
+             else f"best val loss of its run {ckpt['best_val_loss']:.4f}"), file=sys.stderr)
     outs = []
     with torch.no_grad(), ctx:
         for _ in range(c["num_samples"]):

@@ -8,11 +8,19 @@ train.py: train a GPT or MoE with a 4-bit (FP4) recipe, on one CPU/GPU or severa
     python train.py --help                                       # every config key
 
 Config: the defaults below, then config files (plain Python that assigns some of these names),
-then --key=value (checked against the default's type). Outputs in out_dir: ckpt.pt (written
-atomically; the one before is kept as ckpt_prev.pt) and log.jsonl (one JSON record per logged
-step and per eval), both by rank 0 alone. A checkpoint resumes on any number of processes; on
-the same number it continues every rank's data and RNG streams exactly, on another number the
-data order changes (ranks that existed continue theirs, new ranks start new ones).
+then --key=value (checked against the default's type and range before anything starts).
+
+Outputs in out_dir, by rank 0 alone: ckpt.pt (the latest healthy checkpoint, written atomically;
+the one before is kept as ckpt_prev.pt), ckpt_best.pt (the lowest val loss), log.jsonl (one JSON
+record per logged step and per eval) and, while the run lives, `lock`. A run owns its out_dir: a
+scratch run into a folder that holds a run stops (--overwrite=True replaces it), and so does a
+second live run. No checkpoint is written from a non-finite val loss or inside a streak of
+non-finite steps (see checkpoint.py for the checksum and the rotation).
+
+A checkpoint resumes on any number of processes; on the same number it continues every rank's
+data and RNG streams exactly, on another number the data order changes (ranks that existed
+continue theirs, new ranks start new ones). `--init_from=resume --resume_from=OTHER/ckpt.pt
+--out_dir=NEW` forks another run's checkpoint into a new folder, leaving that run as it was.
 
 Tokens per micro-step (batch_size * block_size) need not be a multiple of the FP4 Wgrad block
 (16 or 32): fp4.py pads the token dimension with zero rows, which add nothing to dW.
@@ -36,10 +44,12 @@ import data
 import data.loader
 import data.prepare
 import fp4
-from checkpoint import (LATEST, CheckpointError, load_checkpoint, make_recipe_from, rng_state,
-                        save_checkpoint, set_rng_state)
-from configurator import ConfigError, defaults_of, help_text, parse, wants_help
-from data.common import decoder
+from checkpoint import (BEST, LATEST, LOG, CheckpointError, claim_out_dir, load_checkpoint, lock_out_dir,
+                        make_recipe_from, remove_run_files, rng_state, save_checkpoint,
+                        set_rng_state, unlock_out_dir)
+from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
+                          wants_help)
+from data.common import decoder, sha256_file
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -53,6 +63,7 @@ eval_iters = 50              # batches per split per eval
 eval_only = False            # evaluate once (the checkpoint with init_from=resume) and exit
 log_interval = 10            # log the training loss every this many iterations
 always_save_checkpoint = True  # else only when val loss improves
+overwrite = False            # a scratch run may replace the run already in out_dir (its checkpoints, log)
 dry_run = False              # build and check everything, run one step, write nothing
 # wandb (never online unless asked for)
 wandb_log = False            # log to Weights & Biases
@@ -143,6 +154,25 @@ CHOICES = dict(init_from=("scratch", "resume"), wandb_mode=("offline", "online",
                compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
 MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
+FP32_MAX = float(torch.finfo(torch.float32).max)
+_positive, _non_negative = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0")
+_unit = (lambda v: 0 <= v < 1, "in [0, 1)")
+RANGES = dict(  # checked before anything starts; GPTConfig and fp4.make_recipe check the rest
+    eval_interval=_positive, eval_iters=_positive, log_interval=_positive,
+    batch_size=_positive, block_size=_positive, gradient_accumulation_steps=_positive,
+    vocab_size=_non_negative, n_layer=_positive, n_head=_positive, n_embd=_positive,
+    dropout=_unit, mlp_hidden=_non_negative, n_expert=_non_negative, top_k=_positive,
+    expert_hidden=_non_negative, n_shared_expert=_non_negative, moe_dense_layers=_non_negative,
+    aux_loss_weight=_non_negative, z_loss_weight=_non_negative, router_bias_rate=_non_negative,
+    recipe_rht_size=_positive, recipe_bf16_first=_non_negative, recipe_bf16_last=_non_negative,
+    learning_rate=(lambda v: 0 < v <= FP32_MAX, f"> 0 and at most float32's {FP32_MAX:.3g}"),
+    min_lr=(lambda v: 0 <= v <= FP32_MAX, f">= 0 and at most float32's {FP32_MAX:.3g}"),
+    max_iters=_non_negative, weight_decay=_non_negative, beta1=_unit, beta2=_unit,
+    grad_clip=(_non_negative[0], ">= 0 (0 = no clipping)"), warmup_iters=_non_negative,
+    lr_decay_iters=_non_negative, wsd_decay_frac=(lambda v: 0 <= v <= 1, "in [0, 1]"),
+    seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"), peak_tflops=_positive,
+    max_nonfinite=_positive, telemetry_interval=_non_negative,
+    final_sample_tokens=_non_negative, debug_nan_iters=_positive, dist_timeout_s=_positive)
 
 
 class NonFiniteError(RuntimeError):
@@ -155,12 +185,36 @@ class NonFiniteError(RuntimeError):
 def get_config(argv=()):
     """The config dict from argv (config files and --key=value, in order), checked."""
     cfg, _ = parse(argv, DEFAULTS, NULLABLE, CHOICES)
+    check_config(cfg)
+    return cfg
+
+
+def check_config(cfg):
+    """Every value in its range, the device present, the combinations possible: before
+    anything starts, one line for the first problem found."""
+    check_ranges(cfg, RANGES)
+    for key in ("recipe_bf16_first", "recipe_bf16_last"):
+        if (cfg[key] or 0) > cfg["n_layer"]:
+            raise ConfigError(f"{key}={cfg[key]} is more blocks than n_layer={cfg['n_layer']}")
+    check_device(cfg["device"])
+    cuda = cfg["device"].startswith("cuda") or (cfg["device"] == "auto" and
+                                                 torch.cuda.is_available())
+    if cfg["backend"] == "triton" and not cuda:
+        raise ConfigError("backend='triton' runs the Triton kernels on a CUDA GPU, and this run "
+                          "is on the CPU: use backend='auto' or 'torch'")
     make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
     if cfg["telemetry_interval"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
         raise ConfigError(f"telemetry_interval needs the layers' Python to run in every step, "
                           f"which a replayed CUDA graph (compile_mode={cfg['compile_mode']!r}) "
                           f"skips: use compile_mode='default', or telemetry_interval=0")
-    return cfg
+    try:
+        out_dir = cfg["out_dir"].format(**cfg)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"out_dir={cfg['out_dir']!r} is not a template of config keys "
+                          f"({type(e).__name__}: {e}): write e.g. 'out/run_{{recipe}}'") from None
+    if not out_dir.strip():
+        raise ConfigError("out_dir is empty: name the folder for the checkpoints and log, "
+                          "e.g. --out_dir=out/run")
 
 
 def model_config(cfg, vocab):
@@ -212,9 +266,10 @@ class Run:
 
     def __init__(self, cfg):
         self.cfg, self.c = cfg, SimpleNamespace(**cfg)
-        self.logf = self.wandb = None
+        self.logf = self.wandb = self.lock = None
         self.iter_num, self.best_val_loss, self.n_nonfinite, self.bad_in_row = 0, float("inf"), 0, 0
         self.ckpt_path = os.path.join(self.c.out_dir, LATEST)
+        self.healthy = None   # (path, iter, val loss) of the last checkpoint known good
 
     def log(self, *msg):
         if self.master:
@@ -234,6 +289,8 @@ class Run:
             self.logf.close()
         if self.wandb:
             self.wandb.finish()
+        if self.lock:
+            unlock_out_dir(self.lock, self.c.out_dir)
         if self.ddp:
             torch.distributed.destroy_process_group()
 
@@ -271,13 +328,26 @@ def setup_processes(run):
     run.tokens_per_iter = c.gradient_accumulation_steps * c.batch_size * c.block_size
 
 
+def take_out_dir(run):
+    """Rank 0 locks out_dir (not in a dry run) and checks that this run may write there."""
+    c = run.c
+    if not run.master:
+        return
+    if not c.dry_run:
+        run.lock = lock_out_dir(c.out_dir)
+    replaced = claim_out_dir(c.out_dir, c.init_from, c.resume_from, c.overwrite)
+    if replaced and not c.dry_run:
+        remove_run_files(c.out_dir, replaced)
+        run.log(f"note: --overwrite=True: removed the earlier run's {', '.join(replaced)} "
+                f"from {c.out_dir}")
+
+
 def open_outputs(run):
     """log.jsonl (appended to) and wandb, on rank 0 and not in a dry run."""
     c = run.c
     if not run.master or c.dry_run:
         return
-    os.makedirs(c.out_dir, exist_ok=True)
-    run.logf = open(os.path.join(c.out_dir, "log.jsonl"), "a")
+    run.logf = open(os.path.join(c.out_dir, LOG), "a")
     if c.wandb_log:
         import wandb
         wandb.init(project=c.wandb_project, name=c.wandb_run_name or None, config=run.cfg,
@@ -289,28 +359,63 @@ def open_outputs(run):
 
 
 def setup_data(run):
-    """The dataset (prepared on first use, by rank 0), its meta, the train loader."""
+    """The dataset (prepared by rank 0 on first use, or again when its inputs changed), its meta,
+    the train loader."""
     c = run.c
     run.data_path = os.path.join(c.data_dir, c.dataset)
-    if not all(os.path.exists(os.path.join(run.data_path, f))
-               for f in ("train.bin", "val.bin", "meta.json")):
-        if run.master:
-            run.log(f"preparing dataset {c.dataset!r} in {run.data_path} (first use only)...")
+    if run.master:
+        why = dataset_needs_build(c, run.data_path)
+        if why:
+            run.log(f"preparing dataset {c.dataset!r} in {run.data_path} ({why})...")
             t = time.time()
             try:
                 if c.dataset_input:
                     data.prepare.prepare(c.dataset_input.split(","), run.data_path,
                                          c.dataset_tokenizer)
                 else:
-                    data.prepare_dataset(c.dataset, data_dir=c.data_dir)
+                    data.prepare_dataset(c.dataset, data_dir=c.data_dir, force=True)
             except (RuntimeError, ValueError, OSError) as e:
                 raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
             run.log(f"dataset prepared in {time.time() - t:.1f}s")
-        if run.ddp:
-            torch.distributed.barrier()
-    run.meta = data.load_meta(run.data_path)
+    if run.ddp:
+        torch.distributed.barrier()
+    try:
+        run.meta = data.load_meta(run.data_path)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
     run.train_loader = make_loader(run, "train", c.seed)
     make_loader(run, "val", c.seed)  # fail now, not at the first eval, if val.bin is too short
+
+
+def dataset_needs_build(c, path):
+    """Why data_dir/<dataset> must be (re)built, or "" when it holds what the config asks for:
+    the data cache is keyed by the input files' sha256 and the tokenizer."""
+    inputs = [p for p in c.dataset_input.split(",") if p]
+    for p in inputs:
+        if not os.path.isfile(p):
+            raise ConfigError(f"dataset_input file {p!r} not found: give text files, "
+                              f"comma-separated")
+    buildable = bool(inputs) or c.dataset in data.DATASETS
+    if not all(os.path.exists(os.path.join(path, f)) for f in ("train.bin", "val.bin", "meta.json")):
+        if not buildable:
+            raise ConfigError(f"unknown dataset {c.dataset!r}: {path} holds no prepared dataset "
+                              f"and the named ones are {', '.join(data.DATASETS)}; build one "
+                              f"from text files with --dataset_input=FILE[,FILE...]")
+        return "first use"
+    try:
+        meta = data.load_meta(path)
+    except ValueError as e:
+        if not buildable:
+            raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
+        return "its meta.json is unreadable"
+    if not inputs:
+        return ""
+    have = [i.get("sha256") for i in meta.get("inputs", [])], meta.get("tokenizer")
+    want = [sha256_file(p) for p in inputs], c.dataset_tokenizer
+    if have != want:
+        return (f"it was built from other files or another tokenizer ({meta.get('tokenizer')}) "
+                f"than --dataset_input/--dataset_tokenizer give now: rebuilding")
+    return ""
 
 
 def make_loader(run, split, seed):
@@ -412,9 +517,10 @@ def resume(run):
         run.log(f"note: {src} was trained with sr_bits={old_bits}, continuing with "
                 f"sr_bits={c.sr_bits}")
     resume_streams(run, ckpt, src)
+    run.healthy = (src, run.iter_num, ckpt.get("val_loss", run.best_val_loss))
     run.log(f"resumed from {src} at iter {run.iter_num} (best val loss {run.best_val_loss:.4f})")
-    if run.master:
-        trim_log(os.path.join(c.out_dir, "log.jsonl"), run.iter_num)
+    if run.master and not c.dry_run:
+        trim_log(os.path.join(c.out_dir, LOG), run.iter_num)
 
 
 def resume_streams(run, ckpt, src):
@@ -457,11 +563,36 @@ def all_finite(module):
     return all(bool(torch.isfinite(p).all()) for p in module.parameters())
 
 
-def save(run):
-    """Every rank's data/RNG streams gathered, rank 0 writes the checkpoint."""
+def unhealthy(run, val_loss):
+    """Why the model now must not replace a checkpoint, or "" when it may."""
+    if not math.isfinite(val_loss):
+        return f"its val loss is {val_loss}"
+    if run.bad_in_row:
+        return f"it is inside a streak of {run.bad_in_row} non-finite step(s)"
     if not all_finite(run.raw_model):
-        run.log(f"warning: non-finite weights at iter {run.iter_num}: not overwriting "
-                f"{run.ckpt_path}")
+        return "its weights are not finite"
+    return ""
+
+
+def describe_healthy(run):
+    """The checkpoints a user can go back to, for messages."""
+    if run.healthy is None:
+        return "no checkpoint was written yet"
+    path, it, val = run.healthy
+    text = f"the last healthy checkpoint is {path} (iter {it}, val loss {val:.4f})"
+    best = os.path.join(run.c.out_dir, BEST)
+    if os.path.exists(best) and not (os.path.exists(path) and os.path.samefile(best, path)):
+        text += f", the best is {best} (val loss {run.best_val_loss:.4f})"
+    return text
+
+
+def save(run, val_loss, best):
+    """Every rank's data/RNG streams gathered, rank 0 writes the checkpoint (and ckpt_best.pt
+    when `best`); never from an unhealthy model. The decision is the same on every rank: the
+    losses are all-reduced and the weights equal."""
+    why = unhealthy(run, val_loss)
+    if why:
+        run.log(f"warning: not saving at iter {run.iter_num}: {why}; {describe_healthy(run)}")
         return
     states = dict(rng=rng_state(), loader=run.train_loader.state_dict())
     gathered = [None] * run.world
@@ -476,8 +607,10 @@ def save(run):
             model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
             recipe_spec=repr(run.recipe), meta=run.meta, n_nonfinite=run.n_nonfinite,
             world_size=run.world, rng=[g["rng"] for g in gathered],
-            loader=[g["loader"] for g in gathered]), run.ckpt_path)
-        run.log(f"saved checkpoint {run.ckpt_path} at iter {run.iter_num}")
+            loader=[g["loader"] for g in gathered], val_loss=val_loss), run.ckpt_path, best=best)
+        run.log(f"saved checkpoint {run.ckpt_path} at iter {run.iter_num}"
+                + (f" (and {BEST}: best val loss)" if best else ""))
+    run.healthy = (run.ckpt_path, run.iter_num, val_loss)
 
 # -----------------------------------------------------------------------------
 # evaluation
@@ -512,11 +645,12 @@ def evaluate(run):
             f"{losses['val']:.4f}")
     run.record(dict(type="eval", iter=run.iter_num, train_loss=losses["train"],
                     val_loss=losses["val"]))
-    improved = losses["val"] < run.best_val_loss
-    run.best_val_loss = min(run.best_val_loss, losses["val"])
+    improved = losses["val"] < run.best_val_loss   # False for NaN
+    if improved:
+        run.best_val_loss = losses["val"]
     if (improved or run.c.always_save_checkpoint) and run.iter_num > run.start_iter \
             and not run.c.dry_run:
-        save(run)
+        save(run, losses["val"], best=improved)
 
 # -----------------------------------------------------------------------------
 # one training step
@@ -577,14 +711,14 @@ def skip_nonfinite_step(run, loss, grad_norm):
     run.n_nonfinite += 1
     run.bad_in_row += 1
     run.record(dict(type="nonfinite", iter=run.iter_num, loss=loss, grad_norm=grad_norm))
-    run.log(f"iter {run.iter_num}: non-finite loss {loss} / grad norm {grad_norm}: step skipped "
-            f"({run.bad_in_row} in a row, {run.n_nonfinite} in all)")
+    what = f"loss {loss}" if not math.isfinite(loss) else f"grad norm {grad_norm} (loss {loss:.4f})"
+    run.log(f"iter {run.iter_num}: non-finite {what}: step skipped ({run.bad_in_row} in a row, "
+            f"{run.n_nonfinite} in all)")
     if c.nonfinite_policy == "stop" or run.bad_in_row >= c.max_nonfinite:
-        kept = f"the last good checkpoint is {run.ckpt_path}" if os.path.exists(run.ckpt_path) \
-            else "no checkpoint was written yet"
         raise NonFiniteError(
             f"stopping at iter {run.iter_num}: {run.bad_in_row} non-finite step(s) in a row "
-            f"(policy {c.nonfinite_policy!r}, max_nonfinite={c.max_nonfinite}); {kept}")
+            f"(policy {c.nonfinite_policy!r}, max_nonfinite={c.max_nonfinite}); "
+            f"{describe_healthy(run)}")
 
 # -----------------------------------------------------------------------------
 # logging
@@ -678,6 +812,9 @@ def train(run):
         evaluate(run)
     else:
         run.log(f"nothing to train: at iter {run.iter_num}, max_iters={c.max_iters}")
+    if run.bad_in_row:
+        raise NonFiniteError(f"the run ended inside a streak of {run.bad_in_row} non-finite "
+                             f"step(s), so its end was not saved; {describe_healthy(run)}")
     if c.final_sample_tokens and run.master:
         final_sample(run)
     return last.get("loss")
@@ -696,6 +833,7 @@ def main(argv=None):
     setup_processes(run)
     try:
         torch.set_flush_denormal(True)  # CPU: ops on denormal floats (tiny grads) are ~100x slower
+        take_out_dir(run)
         setup_data(run)
         setup_model(run)
         if run.c.init_from == "resume":
