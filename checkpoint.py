@@ -268,7 +268,7 @@ def load_checkpoint(path, map_location="cpu", flag="--resume_from"):
 # -----------------------------------------------------------------------------
 # a run owns its out_dir: a lock against a second live run, no scratch run over a finished one
 
-LOG = "log.jsonl"
+LOG, PREVIOUS_LOG = "log.jsonl", "log_prev.jsonl"
 LOCK = "lock"
 RUN_FILES = (LATEST, PREVIOUS, BEST, LOG)
 
@@ -322,25 +322,29 @@ def unlock_out_dir(lock, out_dir):
 
 
 def claim_out_dir(out_dir, init_from, resume_from, overwrite):
-    """A scratch run never lands on another run's files, nor does a resume from elsewhere (a
-    fork) land on another run's checkpoints, unless overwrite says so (the old files are
-    removed then). Resuming the run in out_dir, or forking into a new folder, is free."""
+    """(files to remove, files to keep aside) for this run to own out_dir. A scratch run never
+    lands on another run's checkpoints, nor does a resume from elsewhere (a fork), unless
+    overwrite says so (their files are removed then); a log alone, of a run that stopped before
+    its first checkpoint, is kept aside as log_prev.jsonl. Resuming the run in out_dir, or
+    forking into a new folder, is free."""
     found = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
     ckpts = [f for f in found if f != LOG]
     fork = init_from == "resume" and resume_from and \
         os.path.dirname(os.path.abspath(resume_from)) != os.path.abspath(out_dir)
-    if init_from == "scratch" and found:
+    if init_from == "scratch" and ckpts:
         clash = (f"out_dir {out_dir} holds a run ({', '.join(found)}): continue it with "
                  f"--init_from=resume, replace it with --overwrite=True, or pick another --out_dir")
     elif fork and ckpts:
         clash = (f"out_dir {out_dir} holds another run ({', '.join(ckpts)}): resuming "
                  f"{resume_from} into it would replace its checkpoints; fork into a new --out_dir, "
                  f"drop --resume_from to continue that run, or replace it with --overwrite=True")
+    elif init_from == "scratch" and found:
+        return [], found
     else:
-        return []
+        return [], []
     if not overwrite:
         raise ConfigError(clash)
-    return found
+    return found, []
 
 
 def remove_run_files(out_dir, names):

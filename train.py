@@ -44,9 +44,9 @@ import data
 import data.loader
 import data.prepare
 import fp4
-from checkpoint import (BEST, LATEST, LOG, CheckpointError, claim_out_dir, load_checkpoint, lock_out_dir,
-                        make_recipe_from, remove_run_files, rng_state, save_checkpoint,
-                        set_rng_state, unlock_out_dir)
+from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, CheckpointError, claim_out_dir,
+                        load_checkpoint, lock_out_dir, make_recipe_from, remove_run_files,
+                        rng_state, save_checkpoint, set_rng_state, unlock_out_dir)
 from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
                           wants_help)
 from data.common import decoder, sha256_file
@@ -335,11 +335,17 @@ def take_out_dir(run):
         return
     if not c.dry_run:
         run.lock = lock_out_dir(c.out_dir)
-    replaced = claim_out_dir(c.out_dir, c.init_from, c.resume_from, c.overwrite)
-    if replaced and not c.dry_run:
+    replaced, aside = claim_out_dir(c.out_dir, c.init_from, c.resume_from, c.overwrite)
+    if c.dry_run:
+        return
+    if replaced:
         remove_run_files(c.out_dir, replaced)
         run.log(f"note: --overwrite=True: removed the earlier run's {', '.join(replaced)} "
                 f"from {c.out_dir}")
+    if aside:   # the log of a run that saved no checkpoint: nothing to resume, kept for reading
+        os.replace(os.path.join(c.out_dir, LOG), os.path.join(c.out_dir, PREVIOUS_LOG))
+        run.log(f"note: {c.out_dir} held only the log of a run without a checkpoint: kept as "
+                f"{PREVIOUS_LOG}, starting afresh")
 
 
 def open_outputs(run):

@@ -568,6 +568,14 @@ def test_scratch_run_refuses_an_out_dir_holding_a_run(ds, trained, tmp_path):
     assert [r["iter"] for r in read_log(str(out))] == [0, 1]   # the new run's log alone
     assert not (out / "ckpt_prev.pt").exists() and not (out / "lock").exists()
 
+def test_scratch_run_over_a_log_without_checkpoint_keeps_it_aside(ds, tmp_path):
+    """A run killed before its first checkpoint left only log.jsonl: nothing to resume, so a
+    scratch run (e.g. an ablation arm started again) begins afresh and keeps the old log."""
+    (tmp_path / "log.jsonl").write_text(json.dumps(dict(type="eval", iter=0, val_loss=3.0)) + "\n")
+    run(ds, tmp_path, max_iters=2, eval_interval=2)
+    assert [r["iter"] for r in read_log(str(tmp_path), "eval")] == [0, 2]
+    assert (tmp_path / "log_prev.jsonl").read_text().startswith('{"type": "eval", "iter": 0')
+
 def test_second_live_run_into_one_out_dir_is_refused(ds, tmp_path):
     import checkpoint
     lock = checkpoint.lock_out_dir(str(tmp_path))
