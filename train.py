@@ -44,9 +44,10 @@ import data
 import data.loader
 import data.prepare
 import fp4
-from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, CheckpointError, claim_out_dir,
-                        load_checkpoint, lock_out_dir, make_recipe_from, remove_run_files,
-                        rng_state, save_checkpoint, set_rng_state, unlock_out_dir)
+from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, CheckpointError,
+                        claim_out_dir, load_checkpoint, lock_out_dir, make_recipe_from,
+                        remove_run_files, rng_state, save_checkpoint, set_rng_state,
+                        unlock_out_dir)
 from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
                           wants_help)
 from data.common import decoder, sha256_file
@@ -154,6 +155,9 @@ CHOICES = dict(init_from=("scratch", "resume"), wandb_mode=("offline", "online",
                compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
 MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
+# on resume, the model, its data and its recipe come from the checkpoint unless given
+FROM_CHECKPOINT = tuple(k for k in MODEL_KEYS if k in DEFAULTS) + (
+    "dataset", "data_dir", "recipe", "sr_bits") + tuple(RECIPE_KEYS)
 FP32_MAX = float(torch.finfo(torch.float32).max)
 _positive, _non_negative = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0")
 _unit = (lambda v: 0 <= v < 1, "in [0, 1)")
@@ -217,6 +221,27 @@ def check_config(cfg):
                           "e.g. --out_dir=out/run")
 
 
+def configure(argv):
+    """(config, (checkpoint, its path) or None). On resume, the keys of FROM_CHECKPOINT that no
+    config file or --key=value sets come from the checkpoint's config, so a run resumes (or is
+    evaluated) from its checkpoint alone; the keys given still win, and are checked."""
+    cfg, given = parse(argv, DEFAULTS, NULLABLE, CHOICES)
+    check_config(cfg)
+    cfg["out_dir"] = cfg["out_dir"].format(**cfg)
+    if cfg["init_from"] != "resume":
+        return cfg, None
+    ckpt, src = load_checkpoint(cfg["resume_from"] or os.path.join(cfg["out_dir"], LATEST))
+    stored = ckpt["config"]
+    taken = {k: stored[k] for k in FROM_CHECKPOINT
+             if k not in given and k in stored and stored[k] != cfg[k]}
+    if taken:
+        cfg.update(taken)
+        check_config(cfg)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"from {src}: " + ", ".join(f"{k}={v!r}" for k, v in taken.items()), flush=True)
+    return cfg, (ckpt, src)
+
+
 def model_config(cfg, vocab):
     """GPTConfig from the config's model keys (those the config lacks keep the model's default)."""
     args = {k: cfg[k] for k in MODEL_KEYS if cfg.get(k) is not None}
@@ -270,6 +295,7 @@ class Run:
         self.iter_num, self.best_val_loss, self.n_nonfinite, self.bad_in_row = 0, float("inf"), 0, 0
         self.ckpt_path = os.path.join(self.c.out_dir, LATEST)
         self.healthy = None   # (path, iter, val loss) of the last checkpoint known good
+        self.resumed = None   # (checkpoint, its path) to resume from, until resume() takes it
 
     def log(self, *msg):
         if self.master:
@@ -506,7 +532,7 @@ def check_compatible(ckpt, path, margs):
 def resume(run):
     """Weights, optimizer, counters and this rank's data/RNG streams from the checkpoint."""
     c = run.c
-    ckpt, src = load_checkpoint(c.resume_from or run.ckpt_path)  # on the CPU: RNG states
+    (ckpt, src), run.resumed = run.resumed, None
     check_compatible(ckpt, src, run.margs)
     try:
         run.raw_model.load_state_dict(ckpt["model"])
@@ -831,9 +857,9 @@ def main(argv=None):
     if wants_help(argv):
         print(help_text(__file__, DEFAULTS, NULLABLE, usage=__doc__))
         return None
-    cfg = get_config(argv)
-    cfg["out_dir"] = cfg["out_dir"].format(**cfg)
+    cfg, resumed = configure(argv)
     run = Run(cfg)
+    run.resumed = resumed
     fp4.set_backend(run.c.backend)
     set_sr_bits(run.c.sr_bits)
     setup_processes(run)

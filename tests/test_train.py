@@ -235,8 +235,26 @@ def test_resume_is_bit_identical(ds, tmp_path, kw):
 def test_resume_notes_a_changed_sr_bits(ds, tmp_path, kernels_at_8_bits, capsys):
     run(ds, tmp_path / "o", max_iters=2, lr_decay_iters=4, eval_interval=2, recipe="ufp4", sr_bits=16)
     capsys.readouterr()
-    run(ds, tmp_path / "o", max_iters=3, lr_decay_iters=4, eval_interval=2, recipe="ufp4", init_from="resume")
+    run(ds, tmp_path / "o", max_iters=3, lr_decay_iters=4, eval_interval=2, recipe="ufp4",
+        init_from="resume", sr_bits=8)
     assert "trained with sr_bits=16, continuing with sr_bits=8" in capsys.readouterr().out
+
+def test_resume_and_eval_only_from_the_checkpoint_alone(ds, tmp_path, capsys):
+    """No config file and no model or data keys: they come from the checkpoint's config."""
+    run(ds, tmp_path / "o", max_iters=4, eval_interval=2, recipe="ufp4", n_layer=3, n_embd=48,
+        n_head=3, sr_bits=16, **MOE)
+    capsys.readouterr()
+    bare = [f"--out_dir={tmp_path / 'o'}", "--init_from=resume", "--device=cpu", "--backend=torch",
+            "--eval_iters=2", "--batch_size=4"]
+    loss = train.main(bare + ["--eval_only"])
+    out = capsys.readouterr().out
+    assert "n_layer=3" in out and "recipe='ufp4'" in out and "sr_bits=16" in out and "n_expert=4" in out
+    assert math.isfinite(loss) and "1 process(es)" in out and "recipe ufp4" in out
+    train.main(bare + ["--max_iters=6", "--eval_interval=2", "--learning_rate=1e-3"])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iter_num"] == 6 and ck["config"]["n_layer"] == 3 and ck["config"]["learning_rate"] == 1e-3
+    with pytest.raises(train.CheckpointError, match=r"n_embd: 48 in the checkpoint, 96 now"):
+        train.main(bare + ["--max_iters=8", "--n_embd=96"])   # a given key wins, and is checked
 
 def test_flat_grads_accumulate_in_place_and_survive_the_optimizer():
     """train.flat_grads (CUDA graphs, DDP): backward adds into one flat buffer, the same
