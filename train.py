@@ -61,7 +61,7 @@ init_from = "scratch"        # "scratch" or "resume" (from resume_from, default 
 resume_from = ""             # the checkpoint to resume from ("" = out_dir/ckpt.pt)
 eval_interval = 250          # eval + checkpoint every this many iterations
 eval_iters = 50              # batches per split per eval
-eval_only = False            # evaluate once (the checkpoint with init_from=resume) and exit
+eval_only = False            # evaluate once (the checkpoint with init_from=resume), print, write nothing
 log_interval = 10            # log the training loss every this many iterations
 always_save_checkpoint = True  # else only when val loss improves
 overwrite = False            # a scratch run may replace the run already in out_dir (its checkpoints, log)
@@ -294,6 +294,7 @@ class Run:
         self.logf = self.wandb = self.lock = None
         self.iter_num, self.best_val_loss, self.n_nonfinite, self.bad_in_row = 0, float("inf"), 0, 0
         self.ckpt_path = os.path.join(self.c.out_dir, LATEST)
+        self.writes = not (self.c.dry_run or self.c.eval_only)   # into out_dir
         self.healthy = None   # (path, iter, val loss) of the last checkpoint known good
         self.resumed = None   # (checkpoint, its path) to resume from, until resume() takes it
 
@@ -355,14 +356,15 @@ def setup_processes(run):
 
 
 def take_out_dir(run):
-    """Rank 0 locks out_dir (not in a dry run) and checks that this run may write there."""
+    """Rank 0 locks out_dir and checks that this run may write there (a dry run checks only;
+    eval_only, which writes nothing, neither: it may evaluate a checkpoint of a live run)."""
     c = run.c
-    if not run.master:
+    if not run.master or c.eval_only:
         return
-    if not c.dry_run:
+    if run.writes:
         run.lock = lock_out_dir(c.out_dir)
     replaced, aside = claim_out_dir(c.out_dir, c.init_from, c.resume_from, c.overwrite)
-    if c.dry_run:
+    if not run.writes:
         return
     if replaced:
         remove_run_files(c.out_dir, replaced)
@@ -377,7 +379,7 @@ def take_out_dir(run):
 def open_outputs(run):
     """log.jsonl (appended to) and wandb, on rank 0 and not in a dry run."""
     c = run.c
-    if not run.master or c.dry_run:
+    if not run.master or not run.writes:
         return
     run.logf = open(os.path.join(c.out_dir, LOG), "a")
     if c.wandb_log:
@@ -551,7 +553,7 @@ def resume(run):
     resume_streams(run, ckpt, src)
     run.healthy = (src, run.iter_num, ckpt.get("val_loss", run.best_val_loss))
     run.log(f"resumed from {src} at iter {run.iter_num} (best val loss {run.best_val_loss:.4f})")
-    if run.master and not c.dry_run:
+    if run.master and run.writes:
         trim_log(os.path.join(c.out_dir, LOG), run.iter_num)
 
 
@@ -671,7 +673,7 @@ def estimate_loss(run):
 
 
 def evaluate(run):
-    """Log both losses; checkpoint when asked to (always, or when val improved)."""
+    """Log both losses; checkpoint when asked to (always, or when val improved). The losses."""
     losses = estimate_loss(run)
     run.log(f"eval iter {run.iter_num}: train loss {losses['train']:.4f}, val loss "
             f"{losses['val']:.4f}")
@@ -683,6 +685,7 @@ def evaluate(run):
     if (improved or run.c.always_save_checkpoint) and run.iter_num > run.start_iter \
             and not run.c.dry_run:
         save(run, losses["val"], best=improved)
+    return losses
 
 # -----------------------------------------------------------------------------
 # one training step
@@ -879,8 +882,7 @@ def main(argv=None):
                 f"{run.tokens_per_iter} tokens/iter")
         open_outputs(run)
         if run.c.eval_only:
-            evaluate(run)
-            return run.best_val_loss
+            return evaluate(run)["val"]
         return train(run)
     finally:
         run.close()

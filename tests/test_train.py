@@ -720,6 +720,18 @@ def test_dry_run_with_resume_leaves_the_log_untouched(ds, trained, tmp_path):
     run(ds, out, init_from="resume", max_iters=6, dry_run=True)
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
 
+def test_eval_only_writes_nothing_and_works_beside_a_live_run(ds, trained, tmp_path, capsys):
+    import checkpoint
+    out = copy_run(trained, tmp_path / "o")
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    lock = checkpoint.lock_out_dir(str(out))   # a run still training there
+    try:
+        val = run(ds, out, init_from="resume", resume_from=str(out / "ckpt_prev.pt"), eval_only=True)
+    finally:
+        checkpoint.unlock_out_dir(lock, str(out))
+    assert f"val loss {val:.4f}" in capsys.readouterr().out
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+
 def test_grad_norm_nan_is_named_as_such(ds, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, clip: torch.tensor(float("nan")))
     with pytest.raises(train.NonFiniteError):
