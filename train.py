@@ -400,7 +400,8 @@ def setup_data(run):
     if run.master:
         why = dataset_needs_build(c, run.data_path)
         if why:
-            run.log(f"preparing dataset {c.dataset!r} in {run.data_path} ({why})...")
+            if c.dataset_input or why != "first use":   # (prepare_dataset says it on first use)
+                run.log(f"preparing dataset {c.dataset!r} in {run.data_path} ({why})...")
             t = time.time()
             try:
                 if c.dataset_input:
@@ -408,8 +409,8 @@ def setup_data(run):
                                          c.dataset_tokenizer)
                 else:
                     data.prepare_dataset(c.dataset, data_dir=c.data_dir, force=True)
-            except (RuntimeError, ValueError, OSError) as e:
-                raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
+            except (RuntimeError, ValueError, OSError) as e:   # each names the dataset or file
+                raise ConfigError(str(e)) from None
             run.log(f"dataset prepared in {time.time() - t:.1f}s")
     if run.ddp:
         torch.distributed.barrier()
