@@ -279,7 +279,10 @@ def lock_out_dir(out_dir):
     of a process that dies, so a lock file left by a killed run is free and taken over (its pid
     said in a note). Also finds an unwritable out_dir before anything is computed."""
     import fcntl
-    path, created = os.path.join(out_dir, LOCK), not os.path.isdir(out_dir)
+    path, created = os.path.join(out_dir, LOCK), os.path.abspath(out_dir)
+    while not os.path.isdir(os.path.dirname(created)):   # the topmost folder this will create
+        created = os.path.dirname(created)
+    created = created if not os.path.isdir(out_dir) else None
     while True:
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -317,8 +320,12 @@ def unlock_out_dir(lock, out_dir):
     except FileNotFoundError:
         pass
     os.close(fd)
-    if created and not os.listdir(out_dir):
-        os.rmdir(out_dir)   # a run that stopped before writing anything leaves no empty folder
+    folder = os.path.abspath(out_dir)
+    while created and not os.listdir(folder):   # a run that wrote nothing leaves no empty folder
+        os.rmdir(folder)
+        if folder == created:
+            break
+        folder = os.path.dirname(folder)
 
 
 def claim_out_dir(out_dir, init_from, resume_from, overwrite):

@@ -604,6 +604,9 @@ def test_second_live_run_into_one_out_dir_is_refused(ds, tmp_path):
     finally:
         checkpoint.unlock_out_dir(lock, str(tmp_path))
     assert os.listdir(tmp_path) == []
+    with pytest.raises(train.ConfigError, match="unknown dataset"):   # a run that writes nothing
+        run(os.path.join(os.path.dirname(ds), "nope"), tmp_path / "a" / "b", max_iters=1)
+    assert os.listdir(tmp_path) == []   # leaves no folder behind
 
 def test_two_runs_started_together_one_refused(ds, tmp_path):
     args = [PY, "train.py"] + tiny_args(ds, str(tmp_path / "o"), max_iters=30, eval_interval=10)
