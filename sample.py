@@ -14,73 +14,69 @@ import sys
 
 import torch
 
+import fp4
+from checkpoint import RECIPE_KEYS, CheckpointError, build_model, load_checkpoint, make_recipe_from
+from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
+                          wants_help)
+from data.common import decoder, encoder
+
 # -----------------------------------------------------------------------------
-out_dir = "out"
+out_dir = "out"          # the run's folder: its ckpt.pt is sampled
 ckpt_path = ""           # "" = out_dir/ckpt.pt
 start = "\n"             # the prompt, or "FILE:path" to read it from a file
-num_samples = 3
-max_new_tokens = 500
+num_samples = 3          # samples to draw
+max_new_tokens = 500     # tokens per sample
 temperature = 0.8        # < 1 sharpens, > 1 flattens the distribution
 top_k = 200              # keep only the top_k most likely tokens (0 = all)
-seed = 1337
-device = "auto"
-dtype = "auto"
+seed = 1337              # seeds the sampling
+device = "auto"          # "auto" (cuda when present), "cpu", "cuda", "cuda:1"...
+dtype = "auto"           # "auto" (bf16 autocast on GPU, fp32 on CPU), "bfloat16", "float32"
 recipe = ""              # "" = the checkpoint's recipe (with its ablation overrides)
-backend = "auto"
+backend = "auto"         # fp4 backend: "auto", "torch" or "triton"
 # -----------------------------------------------------------------------------
-DEFAULTS = {k: v for k, v in globals().items()
-            if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
+DEFAULTS = defaults_of(globals())
+CHOICES = dict(dtype=("auto", "bfloat16", "float32"), backend=("auto", "torch", "triton"))
+RANGES = dict(num_samples=(lambda v: v >= 1, ">= 1"), max_new_tokens=(lambda v: v >= 1, ">= 1"),
+              temperature=(lambda v: v > 0, "> 0 (near 0 is close to greedy, e.g. 0.01)"),
+              top_k=(lambda v: v >= 0, ">= 0 (0 = all tokens)"),
+              seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"))
 
-def decoder(meta):
-    """token ids -> str for a dataset's meta (char or gpt2)."""
-    if meta["tokenizer"] == "char":
-        itos = meta["itos"]
-        return lambda ids: "".join(itos[i] for i in ids)
-    from data.common import get_gpt2_encoding
-    enc = get_gpt2_encoding()
-    return lambda ids: enc.decode([i for i in ids if i < enc.n_vocab])
 
-def encoder(meta):
-    """str -> token ids for a dataset's meta; unknown characters are an error."""
-    if meta["tokenizer"] == "char":
-        stoi = meta["stoi"]
-        def encode(text):
-            bad = sorted(set(ch for ch in text if ch not in stoi))
-            if bad:
-                raise ValueError(f"characters {bad} are not in the dataset's vocabulary")
-            return [stoi[ch] for ch in text]
-        return encode
-    from data.common import get_gpt2_encoding
-    enc = get_gpt2_encoding()
-    return lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})
+def read_prompt(start):
+    """The prompt: the text itself, or a file's text for FILE:path."""
+    if not start.startswith("FILE:"):
+        return start
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the prompt file {start[5:]!r} of --start=FILE:path "
+                          f"({getattr(e, 'strerror', None) or e}): name a text file") from None
+
 
 def main(argv=None):
-    import fp4
-    import train
-    from model import GPT, GPTConfig
-
-    c = train.get_config(sys.argv[1:] if argv is None else argv, defaults=DEFAULTS)
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_help(argv):
+        print(help_text(__file__, DEFAULTS, usage=__doc__))
+        return None
+    c, _ = parse(argv, DEFAULTS, choices=CHOICES)
+    check_ranges(c, RANGES)
+    check_device(c["device"])
     fp4.set_backend(c["backend"])
     dev = c["device"] if c["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dt = c["dtype"] if c["dtype"] != "auto" else ("bfloat16" if dev.startswith("cuda") else "float32")
-    ckpt, path = train.load_checkpoint(c["ckpt_path"] or os.path.join(c["out_dir"], "ckpt.pt"), dev)
+    prompt = read_prompt(c["start"])
+    ckpt, path = load_checkpoint(c["ckpt_path"] or os.path.join(c["out_dir"], "ckpt.pt"),
+                                 flag="--ckpt_path")
     if "meta" not in ckpt:
-        raise train.CheckpointError(f"{path} holds no tokenizer (meta): cannot decode")
+        raise CheckpointError(f"{path} holds no tokenizer (meta): cannot decode")
     tcfg = dict(ckpt["config"])
     if c["recipe"]:  # another recipe, without the checkpoint's ablation overrides
-        tcfg.update({k: None for k in train.RECIPE_KEYS}, recipe=c["recipe"])
-    recipe = train.make_recipe_from(tcfg)
-    model = fp4.convert(GPT(GPTConfig(**ckpt["model_args"])), recipe)
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise train.CheckpointError(f"{path}: the weights do not fit the model: {e}") from e
+        tcfg.update({k: None for k in RECIPE_KEYS}, recipe=c["recipe"])
+    recipe = make_recipe_from(tcfg)
+    model = build_model(ckpt, recipe, path)
     model.eval().to(dev)
 
-    prompt = c["start"]
-    if prompt.startswith("FILE:"):
-        with open(prompt[5:], encoding="utf-8") as f:
-            prompt = f.read()
     meta = ckpt["meta"]
     ids = encoder(meta)(prompt) or [0]
     decode = decoder(meta)
@@ -88,8 +84,10 @@ def main(argv=None):
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None]
     ctx = torch.autocast(dev.split(":")[0], dtype=torch.bfloat16) if dt == "bfloat16" else \
         torch.autocast("cpu", enabled=False)
-    print(f"# {path}: iter {ckpt['iter_num']}, recipe {recipe.name}, val loss "
-          f"{ckpt['best_val_loss']:.4f}", file=sys.stderr)
+    val = ckpt.get("val_loss")
+    print(f"# {path}: iter {ckpt['iter_num']}, recipe {recipe.name}, "
+          + (f"val loss {val:.4f} (best of its run {ckpt['best_val_loss']:.4f})" if val is not None
+             else f"best val loss of its run {ckpt['best_val_loss']:.4f}"), file=sys.stderr)
     outs = []
     with torch.no_grad(), ctx:
         for _ in range(c["num_samples"]):
@@ -100,10 +98,10 @@ def main(argv=None):
             print("---------------")
     return outs
 
+
 if __name__ == "__main__":
-    import train
     try:
         main()
-    except (train.ConfigError, train.CheckpointError, ValueError) as e:
+    except (ConfigError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -5,23 +5,29 @@ train.py: train a GPT or MoE with a 4-bit (FP4) recipe, on one CPU/GPU or severa
     python train.py configs/moe_ufp4.py --recipe=e2m1 --max_iters=100
     torchrun --standalone --nproc_per_node=8 train.py configs/gpu/gpt2_small_ufp4.py
     python train.py configs/moe_ufp4.py --init_from=resume       # continue from out_dir/ckpt.pt
+    python train.py --help                                       # every config key
 
 Config: the defaults below, then config files (plain Python that assigns some of these names),
-then --key=value (checked against the default's type). Outputs in out_dir: ckpt.pt (written
-atomically; the one before is kept as ckpt_prev.pt) and log.jsonl (one JSON record per logged
-step and per eval), both by rank 0 alone. A checkpoint resumes on any number of processes; on
-the same number it continues every rank's data and RNG streams exactly, on another number the
-data order changes (ranks that existed continue theirs, new ranks start new ones).
+then --key=value (checked against the default's type and range before anything starts).
+
+Outputs in out_dir, by rank 0 alone: ckpt.pt (the latest healthy checkpoint, written atomically;
+the one before is kept as ckpt_prev.pt), ckpt_best.pt (the lowest val loss), log.jsonl (one JSON
+record per logged step and per eval) and, while the run lives, `lock`. A run owns its out_dir: a
+scratch run into a folder that holds a run stops (--overwrite=True replaces it), and so does a
+second live run. No checkpoint is written from a non-finite val loss or inside a streak of
+non-finite steps (see checkpoint.py for the checksum and the rotation).
+
+A checkpoint resumes on any number of processes; on the same number it continues every rank's
+data and RNG streams exactly, on another number the data order changes (ranks that existed
+continue theirs, new ranks start new ones). `--init_from=resume --resume_from=OTHER/ckpt.pt
+--out_dir=NEW` forks another run's checkpoint into a new folder, leaving that run as it was.
 
 Tokens per micro-step (batch_size * block_size) need not be a multiple of the FP4 Wgrad block
 (16 or 32): fp4.py pads the token dimension with zero rows, which add nothing to dW.
 """
-import ast
-import builtins
 import contextlib
 import dataclasses
 import datetime
-import difflib
 import json
 import math
 import os
@@ -29,88 +35,101 @@ import random
 import sys
 import time
 import traceback
-import types
 from types import SimpleNamespace
 
 import numpy as np
 import torch
+
+import data
+import data.loader
+import data.prepare
+import fp4
+from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, CheckpointError,
+                        claim_out_dir, load_checkpoint, lock_out_dir, make_recipe_from,
+                        remove_run_files, rng_state, save_checkpoint, set_rng_state,
+                        unlock_out_dir)
+from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
+                          wants_help)
+from data.common import decoder, sha256_file
+from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # default config values
 # I/O
 out_dir = "out"              # may name other keys: "out/moe_{recipe}"
 init_from = "scratch"        # "scratch" or "resume" (from resume_from, default out_dir/ckpt.pt)
-resume_from = ""
+resume_from = ""             # the checkpoint to resume from ("" = out_dir/ckpt.pt)
 eval_interval = 250          # eval + checkpoint every this many iterations
 eval_iters = 50              # batches per split per eval
-eval_only = False
-log_interval = 10
+eval_only = False            # evaluate once (the checkpoint with init_from=resume), print, write nothing
+log_interval = 10            # log the training loss every this many iterations
 always_save_checkpoint = True  # else only when val loss improves
+overwrite = False            # a scratch run may replace the run already in out_dir (its checkpoints, log)
 dry_run = False              # build and check everything, run one step, write nothing
 # wandb (never online unless asked for)
-wandb_log = False
+wandb_log = False            # log to Weights & Biases
 wandb_mode = "offline"       # "offline", "online" or "disabled"
-wandb_project = "nanofp4"
-wandb_run_name = ""
+wandb_project = "nanofp4"    # wandb project name
+wandb_run_name = ""          # wandb run name ("" = wandb's own)
 # data
 dataset = "shakespeare_char"  # prepared into data_dir/<dataset> on first use (data.DATASETS)
-data_dir = "data"
+data_dir = "data"            # the folder that holds the prepared datasets
 dataset_input = ""           # or: build data_dir/<dataset> from these text files (comma-separated)
 dataset_tokenizer = "char"   # ... with this tokenizer: "char" or "gpt2"
-batch_size = 12              # per micro-step and per process
-block_size = 256
-gradient_accumulation_steps = 1  # global: divided among DDP processes
+batch_size = 12              # sequences per micro-step and per process
+block_size = 256             # context length in tokens
+gradient_accumulation_steps = 1  # micro-steps per iteration, global: divided among DDP processes
 # model (see model.GPTConfig); vocab_size 0 = from the dataset's meta
-vocab_size = 0
-n_layer = 6
-n_head = 6
-n_embd = 384
-dropout = 0.0
-bias = False
+vocab_size = 0               # 0 = the dataset's vocabulary size
+n_layer = 6                  # transformer blocks
+n_head = 6                   # attention heads
+n_embd = 384                 # model width
+dropout = 0.0                # dropout probability (0 = off)
+bias = False                 # biases in the linears and norms
 mlp = "swiglu"               # "swiglu" or "gelu"
 norm = "rmsnorm"             # "rmsnorm" or "layernorm"
 pos_emb = "rope"             # "rope" or "learned"
 mlp_hidden = 0               # 0 = the model's default (4d for gelu, 8d/3 for swiglu)
-tie_embeddings = False
+tie_embeddings = False       # share the token embedding with the output head
 n_expert = 0                 # 0 = dense
-top_k = 2
+top_k = 2                    # experts per token (MoE)
 expert_hidden = 0            # 0 = the model's default (mlp hidden / top_k)
-n_shared_expert = 0
-moe_dense_layers = 0
+n_shared_expert = 0          # dense experts every token goes through (MoE)
+moe_dense_layers = 0         # the first this many blocks keep a dense MLP (MoE)
 router = "softmax"           # "softmax" or "sigmoid"
-aux_loss_weight = 0.01
-z_loss_weight = 0.001
+aux_loss_weight = 0.01       # load-balancing loss weight (MoE)
+z_loss_weight = 0.001        # router z-loss weight (MoE)
 router_bias_rate = 0.001     # aux-loss-free balancing step (sigmoid router)
 # quantization: a recipe from fp4.RECIPES, plus ablation overrides (None = the preset's choice)
-recipe = "bf16"
+recipe = "bf16"              # "bf16", "ufp4", "e2m1", "nvfp4", "mxfp4" (fp4.RECIPES)
 recipe_format = None         # e.g. "e2m1", "ufp4", "e1m2/32/e4m3"
 recipe_rht = None            # "all", "none" or e.g. "fprop,wgrad"
-recipe_sr_dy = None
-recipe_rht_size = None
-recipe_weight_2d = None
-recipe_bf16_first = None
-recipe_bf16_last = None
+recipe_sr_dy = None          # stochastic rounding of the gradients dy
+recipe_rht_size = None       # Hadamard transform size
+recipe_weight_2d = None      # 2D (16x16) scale blocks for the weights
+recipe_bf16_first = None     # the first this many blocks stay in bf16
+recipe_bf16_last = None      # the last this many blocks stay in bf16
 backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
 sr_bits = 8                  # random bits per stochastic-rounding draw in the Triton kernels: 8 or 16
 # AdamW (fp32 master weights and states)
-learning_rate = 6e-4
-max_iters = 5000
-weight_decay = 0.1
-beta1 = 0.9
-beta2 = 0.95
+learning_rate = 6e-4         # peak learning rate
+max_iters = 5000             # iterations in all
+weight_decay = 0.1           # AdamW weight decay (matrices only)
+beta1 = 0.9                  # AdamW beta1
+beta2 = 0.95                 # AdamW beta2
 grad_clip = 1.0              # 0 = no clipping
 # learning rate schedule: linear warmup, then "cosine", "wsd" (warmup-stable-decay) or "constant"
-lr_schedule = "cosine"
-warmup_iters = 100
+lr_schedule = "cosine"       # "cosine", "wsd" or "constant"
+warmup_iters = 100           # linear warmup iterations
 lr_decay_iters = 0           # 0 = max_iters
-min_lr = 6e-5
+min_lr = 6e-5                # the learning rate at the end of the decay
 wsd_decay_frac = 0.2         # wsd: the last fraction of lr_decay_iters decays linearly to min_lr
 # system
 device = "auto"              # "auto" (cuda when present), "cpu", "cuda", "cuda:1"...
 dtype = "auto"               # "auto" (bf16 autocast on GPU, fp32 on CPU), "bfloat16", "float32"
-compile = False
+compile = False              # torch.compile the model
 compile_mode = "default"     # torch.compile mode; "reduce-overhead" replays CUDA graphs: no host cost per kernel
-seed = 1337
+seed = 1337                  # seeds the model init, the data order and the SR draws
 peak_tflops = 989.0          # for MFU: dense bf16 peak of one H100/H200
 # robustness
 nonfinite_policy = "skip"    # NaN/Inf loss or grad norm: "skip" the step, or "stop"
@@ -123,8 +142,7 @@ debug_fail_rank = -1         # test hook: raise an exception on this rank...
 debug_fail_at_iter = -1      # ... at this iteration
 dist_timeout_s = 600         # DDP: a collective waiting longer than this fails instead of hanging
 # -----------------------------------------------------------------------------
-DEFAULTS = {k: v for k, v in globals().items()
-            if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))}
+DEFAULTS = defaults_of(globals())
 # keys whose default is None: the type a value must have otherwise
 NULLABLE = dict(recipe_format=str, recipe_rht=str,
                 recipe_sr_dy=bool, recipe_rht_size=int, recipe_weight_2d=bool,
@@ -136,19 +154,30 @@ CHOICES = dict(init_from=("scratch", "resume"), wandb_mode=("offline", "online",
                nonfinite_policy=("skip", "stop"),
                compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
-MODEL_KEYS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "mlp",
-              "norm", "pos_emb", "mlp_hidden", "tie_embeddings", "n_expert", "top_k",
-              "expert_hidden", "n_shared_expert", "moe_dense_layers", "router", "aux_loss_weight",
-              "z_loss_weight", "router_bias_rate")
-RECIPE_KEYS = dict(recipe_format="fmt", recipe_rht="rht", recipe_sr_dy="sr_dy",
-                   recipe_rht_size="rht_size", recipe_weight_2d="weight_2d",
-                   recipe_bf16_first="bf16_first", recipe_bf16_last="bf16_last")
+MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
+# on resume, the model, its data and its recipe come from the checkpoint unless given
+FROM_CHECKPOINT = tuple(k for k in MODEL_KEYS if k in DEFAULTS) + (
+    "dataset", "data_dir", "recipe", "sr_bits") + tuple(RECIPE_KEYS)
+FP32_MAX = float(torch.finfo(torch.float32).max)
+_positive, _non_negative = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0")
+_unit = (lambda v: 0 <= v < 1, "in [0, 1)")
+RANGES = dict(  # checked before anything starts; GPTConfig and fp4.make_recipe check the rest
+    eval_interval=_positive, eval_iters=_positive, log_interval=_positive,
+    batch_size=_positive, block_size=_positive, gradient_accumulation_steps=_positive,
+    vocab_size=_non_negative, n_layer=_positive, n_head=_positive, n_embd=_positive,
+    dropout=_unit, mlp_hidden=_non_negative, n_expert=_non_negative, top_k=_positive,
+    expert_hidden=_non_negative, n_shared_expert=_non_negative, moe_dense_layers=_non_negative,
+    aux_loss_weight=_non_negative, z_loss_weight=_non_negative, router_bias_rate=_non_negative,
+    recipe_rht_size=_positive, recipe_bf16_first=_non_negative, recipe_bf16_last=_non_negative,
+    learning_rate=(lambda v: 0 < v <= FP32_MAX, f"> 0 and at most float32's {FP32_MAX:.3g}"),
+    min_lr=(lambda v: 0 <= v <= FP32_MAX, f">= 0 and at most float32's {FP32_MAX:.3g}"),
+    max_iters=_non_negative, weight_decay=_non_negative, beta1=_unit, beta2=_unit,
+    grad_clip=(_non_negative[0], ">= 0 (0 = no clipping)"), warmup_iters=_non_negative,
+    lr_decay_iters=_non_negative, wsd_decay_frac=(lambda v: 0 <= v <= 1, "in [0, 1]"),
+    seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"), peak_tflops=_positive,
+    max_nonfinite=_positive, telemetry_interval=_non_negative,
+    final_sample_tokens=_non_negative, debug_nan_iters=_positive, dist_timeout_s=_positive)
 
-class ConfigError(ValueError):
-    pass
-
-class CheckpointError(RuntimeError):
-    pass
 
 class NonFiniteError(RuntimeError):
     pass
@@ -156,86 +185,66 @@ class NonFiniteError(RuntimeError):
 # -----------------------------------------------------------------------------
 # config: defaults, then config files, then --key=value
 
-def _set(cfg, defaults, key, value, source):
-    if key not in defaults:
-        close = difflib.get_close_matches(key, defaults, n=3, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(close)}?" if close else \
-            "; the valid keys are the defaults at the top of the script"
-        raise ConfigError(f"unknown config key {key!r} (from {source}){hint}")
-    default = defaults[key]
-    want = NULLABLE.get(key, type(default))
-    if isinstance(default, float) and type(value) is int:
-        value = float(value)
-    ok = (value is None and key in NULLABLE) or (type(value) is want)
-    if not ok:
-        raise ConfigError(f"config key {key!r} (from {source}) must be {want.__name__}"
-                          f"{' or None' if key in NULLABLE else ''}, got {type(value).__name__} "
-                          f"{value!r}")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ConfigError(f"config key {key!r} (from {source}) must be one of {CHOICES[key]}, "
-                          f"got {value!r}")
-    cfg[key] = value
 
-def _parse_value(raw, key, defaults):
-    """--key=value: a Python literal (True, 3, 1e-3, None...), else the raw string."""
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
-    want = NULLABLE.get(key, type(defaults.get(key)))
-    if want is str and value is not None and not isinstance(value, str):
-        return raw  # --out_dir=2024 is the string "2024"
-    return value
-
-def get_config(argv=(), defaults=None):
-    """The config dict from argv: config files (paths) and --key=value, applied in order, over
-    `defaults` (train.py's by default; sample.py passes its own)."""
-    defaults = DEFAULTS if defaults is None else defaults
-    cfg = dict(defaults)
-    for arg in argv:
-        if arg.startswith("--"):
-            key, eq, raw = arg[2:].partition("=")
-            if not eq and isinstance(defaults.get(key), bool):
-                raw = "True"   # bare --flag
-            elif not eq:
-                raise ConfigError(f"expected --key=value, got {arg!r}")
-            _set(cfg, defaults, key, _parse_value(raw, key, defaults), arg)
-        else:
-            if not os.path.isfile(arg):
-                raise ConfigError(f"config file {arg!r} not found")
-            root = os.path.dirname(os.path.abspath(__file__))
-            if root not in sys.path:   # lets config files `from configs._x import *`
-                sys.path.insert(0, root)
-            ns = {"__file__": arg, "__name__": "__config__"}
-            with open(arg) as f:
-                exec(builtins.compile(f.read(), arg, "exec"), ns)  # `compile` is a key here
-            for key, value in ns.items():
-                if key.startswith("_") or isinstance(value, types.ModuleType) or callable(value):
-                    continue
-                _set(cfg, defaults, key, value, arg)
-    if defaults is DEFAULTS:
-        make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
-        if cfg["telemetry_interval"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
-            raise ConfigError(f"telemetry_interval needs the layers' Python to run in every step, "
-                              f"which a replayed CUDA graph (compile_mode={cfg['compile_mode']!r}) "
-                              f"skips: use compile_mode='default', or telemetry_interval=0")
+def get_config(argv=()):
+    """The config dict from argv (config files and --key=value, in order), checked."""
+    cfg, _ = parse(argv, DEFAULTS, NULLABLE, CHOICES)
+    check_config(cfg)
     return cfg
 
-def make_recipe_from(cfg):
-    import fp4
-    overrides = {arg: cfg[key] for key, arg in RECIPE_KEYS.items() if cfg[key] not in (None, "")}
+
+def check_config(cfg):
+    """Every value in its range, the device present, the combinations possible: before
+    anything starts, one line for the first problem found."""
+    check_ranges(cfg, RANGES)
+    for key in ("recipe_bf16_first", "recipe_bf16_last"):
+        if (cfg[key] or 0) > cfg["n_layer"]:
+            raise ConfigError(f"{key}={cfg[key]} is more blocks than n_layer={cfg['n_layer']}")
+    check_device(cfg["device"])
+    cuda = cfg["device"].startswith("cuda") or (cfg["device"] == "auto" and
+                                                 torch.cuda.is_available())
+    if cfg["backend"] == "triton" and not cuda:
+        raise ConfigError("backend='triton' runs the Triton kernels on a CUDA GPU, and this run "
+                          "is on the CPU: use backend='auto' or 'torch'")
+    make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
+    if cfg["telemetry_interval"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
+        raise ConfigError(f"telemetry_interval needs the layers' Python to run in every step, "
+                          f"which a replayed CUDA graph (compile_mode={cfg['compile_mode']!r}) "
+                          f"skips: use compile_mode='default', or telemetry_interval=0")
     try:
-        return fp4.make_recipe(cfg["recipe"], **overrides)
-    except ValueError as e:
-        raise ConfigError(f"recipe: {e}") from None
+        out_dir = cfg["out_dir"].format(**cfg)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"out_dir={cfg['out_dir']!r} is not a template of config keys "
+                          f"({type(e).__name__}: {e}): write e.g. 'out/run_{{recipe}}'") from None
+    if not out_dir.strip():
+        raise ConfigError("out_dir is empty: name the folder for the checkpoints and log, "
+                          "e.g. --out_dir=out/run")
+
+
+def configure(argv):
+    """(config, (checkpoint, its path) or None). On resume, the keys of FROM_CHECKPOINT that no
+    config file or --key=value sets come from the checkpoint's config, so a run resumes (or is
+    evaluated) from its checkpoint alone; the keys given still win, and are checked."""
+    cfg, given = parse(argv, DEFAULTS, NULLABLE, CHOICES)
+    check_config(cfg)
+    cfg["out_dir"] = cfg["out_dir"].format(**cfg)
+    if cfg["init_from"] != "resume":
+        return cfg, None
+    ckpt, src = load_checkpoint(cfg["resume_from"] or os.path.join(cfg["out_dir"], LATEST))
+    stored = ckpt["config"]
+    taken = {k: stored[k] for k in FROM_CHECKPOINT
+             if k not in given and k in stored and stored[k] != cfg[k]}
+    if taken:
+        cfg.update(taken)
+        check_config(cfg)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"from {src}: " + ", ".join(f"{k}={v!r}" for k, v in taken.items()), flush=True)
+    return cfg, (ckpt, src)
+
 
 def model_config(cfg, vocab):
-    """GPTConfig from the config's model keys (None keeps the model's default)."""
-    from model import GPTConfig
-    names = {f.name for f in dataclasses.fields(GPTConfig)}
-    args = {k: cfg[k] for k in MODEL_KEYS if k in names and cfg[k] is not None}
+    """GPTConfig from the config's model keys (those the config lacks keep the model's default)."""
+    args = {k: cfg[k] for k in MODEL_KEYS if cfg.get(k) is not None}
     args["vocab_size"] = cfg["vocab_size"] or vocab
     if args["vocab_size"] < vocab:
         raise ConfigError(f"vocab_size={args['vocab_size']} is smaller than the dataset's {vocab}")
@@ -244,8 +253,17 @@ def model_config(cfg, vocab):
     except ValueError as e:
         raise ConfigError(f"model config: {e}") from None
 
+
+def set_sr_bits(bits):
+    """The random bits per stochastic-rounding draw of the Triton kernels (the torch reference
+    draws fp32 uniforms); also puts back 8 after an earlier run's 16 in this process."""
+    if bits != 8 or "kernels" in sys.modules:
+        import kernels
+        kernels.SR_BITS = bits
+
 # -----------------------------------------------------------------------------
 # learning rate schedule
+
 
 def get_lr(it, c):
     total = c.lr_decay_iters or c.max_iters
@@ -264,69 +282,243 @@ def get_lr(it, c):
     return c.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c.learning_rate - c.min_lr)
 
 # -----------------------------------------------------------------------------
-# checkpoints: atomic writes, clear errors on reading
+# the run: processes and devices, its output files
 
-def rng_state():
-    return dict(python=random.getstate(), numpy=np.random.get_state(),
-                torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
 
-def set_rng_state(s):
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if s["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
+class Run:
+    """What one training run holds: its config, processes, model, data, counters and outputs.
+    The functions below fill it in (setup_*, resume) and advance it (train_step, evaluate)."""
 
-def prev_path(path):
-    root, ext = os.path.splitext(path)
-    return root + "_prev" + ext
+    def __init__(self, cfg):
+        self.cfg, self.c = cfg, SimpleNamespace(**cfg)
+        self.logf = self.wandb = self.lock = None
+        self.iter_num, self.best_val_loss, self.n_nonfinite, self.bad_in_row = 0, float("inf"), 0, 0
+        self.ckpt_path = os.path.join(self.c.out_dir, LATEST)
+        self.writes = not (self.c.dry_run or self.c.eval_only)   # into out_dir
+        self.healthy = None   # (path, iter, val loss) of the last checkpoint known good
+        self.resumed = None   # (checkpoint, its path) to resume from, until resume() takes it
 
-def save_checkpoint(ckpt, path):
-    """Write to a temp file, fsync, keep the old file as *_prev.pt, then rename into place:
-    a crash at any moment leaves `path` either the old or the new complete checkpoint."""
-    tmp, prev = path + ".tmp", prev_path(path)
-    with open(tmp, "wb") as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if os.path.exists(path):
-        try:   # a hard link keeps `path` in place the whole time
-            if os.path.exists(prev + ".tmp"):
-                os.remove(prev + ".tmp")
-            os.link(path, prev + ".tmp")
-            os.replace(prev + ".tmp", prev)
-        except OSError:
-            os.replace(path, prev)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    def log(self, *msg):
+        if self.master:
+            print(*msg, flush=True)
+
+    def record(self, rec):
+        """One record into log.jsonl (and wandb)."""
+        if self.logf:
+            self.logf.write(json.dumps(rec) + "\n")
+            self.logf.flush()
+        if self.wandb:
+            self.wandb.log({k: v for k, v in rec.items() if not isinstance(v, list)},
+                           step=rec["iter"])
+
+    def close(self):
+        if self.logf:
+            self.logf.close()
+        if self.wandb:
+            self.wandb.finish()
+        if self.lock:
+            unlock_out_dir(self.lock, self.c.out_dir)
+        if self.ddp:
+            torch.distributed.destroy_process_group()
+
+    def all_reduce_mean(self, t):   # gloo has no ReduceOp.AVG
+        torch.distributed.all_reduce(t)
+        t /= self.world
+
+
+def setup_processes(run):
+    """DDP from torchrun's environment, the device, and the dtype's autocast context."""
+    c = run.c
+    run.ddp = int(os.environ.get("RANK", -1)) != -1
+    run.rank, run.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if run.ddp \
+        else (0, 1)
+    run.master = run.rank == 0
+    if c.gradient_accumulation_steps % run.world:
+        raise ConfigError(f"gradient_accumulation_steps={c.gradient_accumulation_steps} must be a "
+                          f"multiple of the number of processes ({run.world})")
+    if c.device == "auto":
+        c.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if run.ddp:   # torchrun: NCCL between GPUs, gloo between CPU processes
+        if c.device.startswith("cuda"):
+            c.device = f"cuda:{os.environ['LOCAL_RANK']}"
+            torch.cuda.set_device(c.device)
+        torch.distributed.init_process_group(
+            "nccl" if c.device.startswith("cuda") else "gloo",
+            timeout=datetime.timedelta(seconds=c.dist_timeout_s))
+    run.accum = c.gradient_accumulation_steps // run.world
+    run.device_type = "cuda" if c.device.startswith("cuda") else "cpu"
+    if c.dtype == "auto":
+        c.dtype = "bfloat16" if run.device_type == "cuda" and torch.cuda.is_bf16_supported() \
+            else "float32"
+    run.ctx = contextlib.nullcontext() if c.dtype == "float32" else \
+        torch.autocast(run.device_type, dtype=torch.bfloat16)
+    run.tokens_per_iter = c.gradient_accumulation_steps * c.batch_size * c.block_size
+
+
+def take_out_dir(run):
+    """Rank 0 locks out_dir and checks that this run may write there (a dry run checks only;
+    eval_only, which writes nothing, neither: it may evaluate a checkpoint of a live run)."""
+    c = run.c
+    if not run.master or c.eval_only:
+        return
+    if run.writes:
+        run.lock = lock_out_dir(c.out_dir)
+    replaced, aside = claim_out_dir(c.out_dir, c.init_from, c.resume_from, c.overwrite)
+    if not run.writes:
+        return
+    if replaced:
+        remove_run_files(c.out_dir, replaced)
+        run.log(f"note: --overwrite=True: removed the earlier run's {', '.join(replaced)} "
+                f"from {c.out_dir}")
+    if aside:   # the log of a run that saved no checkpoint: nothing to resume, kept for reading
+        os.replace(os.path.join(c.out_dir, LOG), os.path.join(c.out_dir, PREVIOUS_LOG))
+        run.log(f"note: {c.out_dir} held only the log of a run without a checkpoint: kept as "
+                f"{PREVIOUS_LOG}, starting afresh")
+
+
+def open_outputs(run):
+    """log.jsonl (appended to) and wandb, on rank 0 and not in a dry run."""
+    c = run.c
+    if not run.master or not run.writes:
+        return
+    run.logf = open(os.path.join(c.out_dir, LOG), "a")
+    if c.wandb_log:
+        import wandb
+        wandb.init(project=c.wandb_project, name=c.wandb_run_name or None, config=run.cfg,
+                   mode=c.wandb_mode, dir=c.out_dir)
+        run.wandb = wandb
+
+# -----------------------------------------------------------------------------
+# data and model
+
+
+def setup_data(run):
+    """The dataset (prepared by rank 0 on first use, or again when its inputs changed), its meta,
+    the train loader."""
+    c = run.c
+    run.data_path = os.path.join(c.data_dir, c.dataset)
+    if run.master:
+        why = dataset_needs_build(c, run.data_path)
+        if why:
+            if c.dataset_input or why != "first use":   # (prepare_dataset says it on first use)
+                run.log(f"preparing dataset {c.dataset!r} in {run.data_path} ({why})...")
+            t = time.time()
+            try:
+                if c.dataset_input:
+                    data.prepare.prepare(c.dataset_input.split(","), run.data_path,
+                                         c.dataset_tokenizer)
+                else:
+                    data.prepare_dataset(c.dataset, data_dir=c.data_dir, force=True)
+            except (RuntimeError, ValueError, OSError) as e:   # each names the dataset or file
+                raise ConfigError(str(e)) from None
+            run.log(f"dataset prepared in {time.time() - t:.1f}s")
+    if run.ddp:
+        torch.distributed.barrier()
     try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        run.meta = data.load_meta(run.data_path)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
+    run.train_loader = make_loader(run, "train", c.seed)
+    make_loader(run, "val", c.seed)  # fail now, not at the first eval, if val.bin is too short
 
-CKPT_KEYS = ("model", "optimizer", "iter_num", "best_val_loss", "config", "model_args", "recipe")
 
-def load_checkpoint(path, map_location="cpu"):
-    """torch.load with errors that name the file and say what is wrong."""
-    prev = prev_path(path)
-    if not os.path.exists(path):
-        if os.path.exists(prev):   # a crash between the two renames of save_checkpoint
-            print(f"warning: {path} is missing; using the previous checkpoint {prev}")
-            return load_checkpoint(prev, map_location)
-        raise CheckpointError(f"no checkpoint at {path}; train with --init_from=scratch first")
+def dataset_needs_build(c, path):
+    """Why data_dir/<dataset> must be (re)built, or "" when it holds what the config asks for:
+    the data cache is keyed by the input files' sha256 and the tokenizer."""
+    inputs = [p for p in c.dataset_input.split(",") if p]
+    for p in inputs:
+        if not os.path.isfile(p):
+            raise ConfigError(f"dataset_input file {p!r} not found: give text files, "
+                              f"comma-separated")
+    buildable = bool(inputs) or c.dataset in data.DATASETS
+    if not all(os.path.exists(os.path.join(path, f)) for f in ("train.bin", "val.bin", "meta.json")):
+        if not buildable:
+            raise ConfigError(f"unknown dataset {c.dataset!r}: {path} holds no prepared dataset "
+                              f"and the named ones are {', '.join(data.DATASETS)}; build one "
+                              f"from text files with --dataset_input=FILE[,FILE...]")
+        return "first use"
     try:
-        # our own files: they hold numpy/python RNG states, hence weights_only=False
-        ckpt = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as e:
-        hint = f"; the previous checkpoint {prev} may be good: --resume_from={prev}" \
-            if os.path.exists(prev) and prev != path else ""
-        raise CheckpointError(f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): "
-                              f"it is truncated or corrupt ({type(e).__name__}: {e}){hint}") from e
-    missing = [k for k in CKPT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
-        raise CheckpointError(f"{path} is not a nanoFP4 checkpoint: missing {missing}")
-    return ckpt, path
+        meta = data.load_meta(path)
+    except ValueError as e:
+        if not buildable:
+            raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
+        return "its meta.json is unreadable"
+    if not inputs:
+        return ""
+    have = [i.get("sha256") for i in meta.get("inputs", [])], meta.get("tokenizer")
+    want = [sha256_file(p) for p in inputs], c.dataset_tokenizer
+    if have != want:
+        return (f"it was built from other files or another tokenizer ({meta.get('tokenizer')}) "
+                f"than --dataset_input/--dataset_tokenizer give now: rebuilding")
+    return ""
+
+
+def make_loader(run, split, seed):
+    c = run.c
+    try:
+        return data.loader.BinLoader(run.data_path, split, c.block_size, c.batch_size, seed,
+                                     device=c.device, rank=run.rank, world_size=run.world)
+    except ValueError as e:  # too short for one window, token ids >= vocab_size
+        raise ConfigError(f"dataset {run.data_path} ({split}): {e}") from None
+
+
+def setup_model(run):
+    """fp32 master weights in the recipe's linears, and AdamW; the same init on every rank."""
+    c = run.c
+    run.recipe = make_recipe_from(run.cfg)
+    run.margs = model_config(run.cfg, run.meta["vocab_size"])
+    random.seed(c.seed)
+    np.random.seed(c.seed)
+    torch.manual_seed(c.seed)
+    try:
+        run.raw_model = fp4.convert(GPT(run.margs), run.recipe)
+    except ValueError as e:
+        raise ConfigError(f"the model does not fit recipe {run.recipe.name!r}: {e}") from None
+    run.raw_model.to(c.device)
+    run.optimizer = run.raw_model.configure_optimizers(c.weight_decay, c.learning_rate,
+                                                       (c.beta1, c.beta2), run.device_type)
+    if run.ddp:   # same init everywhere; dropout and SR draw per-process streams from here on
+        torch.manual_seed(c.seed + run.rank)
+    if (c.batch_size * c.block_size) % 32 and run.recipe.quantized:
+        run.log(f"note: {c.batch_size * c.block_size} tokens per micro-step are not a multiple of "
+                f"the Wgrad block: fp4 pads them with zero rows")
+
+
+def compile_model(run):
+    """torch.compile, and one flat gradient buffer under CUDA graphs or DDP."""
+    c = run.c
+    run.model = torch.compile(run.raw_model, mode=c.compile_mode) if c.compile else run.raw_model
+    run.graphs = c.compile and c.compile_mode in GRAPH_MODES and run.device_type == "cuda"
+    # Under CUDA graphs and under DDP, the gradients are views of one flat buffer that stays
+    # put and accumulates in place over the micro-steps. Graphs need them outside their
+    # memory pool (a .grad taken from the pool would be overwritten by the next replay); DDP
+    # all-reduces that buffer in one call after the last micro-step (no DDP wrapper, whose
+    # hooks would run inside replayed graphs; the price is no overlap of that call with the
+    # last backward, small next to a step of several micro-steps). A parameter with no
+    # gradient in a step then gets AdamW's update of a zero grad; every parameter here gets one.
+    run.flat_grad = flat_grads(run.raw_model) if run.graphs or run.ddp else None
+    if run.ddp:   # rank 0's weights everywhere, whatever each process drew or loaded
+        for t in list(run.raw_model.parameters()) + list(run.raw_model.buffers()):
+            torch.distributed.broadcast(t.data, 0)
+
+
+def flat_grads(model):
+    """Makes every parameter's .grad a view of one flat zeroed buffer (which it returns), so that
+    backward accumulates into it in place and one collective reduces all gradients."""
+    params = list(model.parameters())
+    kinds = {(p.device, p.dtype) for p in params}
+    if len(kinds) > 1:
+        raise ValueError(f"flat_grads needs all parameters on one device in one dtype, got {kinds}")
+    flat = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=params[0].dtype)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+# -----------------------------------------------------------------------------
+# checkpoints: resume from one, save one
+
 
 def check_compatible(ckpt, path, margs):
     """A checkpoint resumes only into the same model (regularization weights may change)."""
@@ -339,8 +531,49 @@ def check_compatible(ckpt, path, margs):
         raise CheckpointError(f"{path} was written for a different model ({'; '.join(diff)}): "
                               f"resume with the config it was trained with, or start from scratch")
 
-# -----------------------------------------------------------------------------
-# helpers for the loop
+
+def resume(run):
+    """Weights, optimizer, counters and this rank's data/RNG streams from the checkpoint."""
+    c = run.c
+    (ckpt, src), run.resumed = run.resumed, None
+    check_compatible(ckpt, src, run.margs)
+    try:
+        run.raw_model.load_state_dict(ckpt["model"])
+        run.optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{src} does not fit this model/optimizer: {e}") from e
+    run.iter_num, run.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+    run.n_nonfinite = ckpt.get("n_nonfinite", 0)
+    if ckpt["recipe"] != run.recipe.name:
+        run.log(f"note: {src} was trained with recipe {ckpt['recipe']!r}, continuing with "
+                f"{run.recipe.name!r}")
+    old_bits = ckpt.get("config", {}).get("sr_bits", 8)
+    if old_bits != c.sr_bits:
+        run.log(f"note: {src} was trained with sr_bits={old_bits}, continuing with "
+                f"sr_bits={c.sr_bits}")
+    resume_streams(run, ckpt, src)
+    run.healthy = (src, run.iter_num, ckpt.get("val_loss", run.best_val_loss))
+    run.log(f"resumed from {src} at iter {run.iter_num} (best val loss {run.best_val_loss:.4f})")
+    if run.master and run.writes:
+        trim_log(os.path.join(c.out_dir, LOG), run.iter_num)
+
+
+def resume_streams(run, ckpt, src):
+    """Ranks the checkpoint knew continue their data and RNG streams; new ranks start new ones."""
+    old_world = ckpt.get("world_size", len(ckpt.get("rng", [])))
+    if run.rank < old_world:
+        run.train_loader.load_state_dict(ckpt["loader"][run.rank])
+        set_rng_state(ckpt["rng"][run.rank])
+    elif old_world:   # a new rank: rank 0's host RNGs, fresh torch and data streams
+        set_rng_state(ckpt["rng"][0])
+        torch.manual_seed(int(np.random.SeedSequence([run.c.seed, run.rank, run.iter_num])
+                              .generate_state(1)[0]))
+    if old_world != run.world:
+        run.log(f"note: {src} was written by {old_world} process(es), now {run.world}: ranks "
+                f"below {min(old_world, run.world)} continue their data/RNG streams, the others "
+                f"start new ones, so the data order differs from an uninterrupted "
+                f"{old_world}-process run")
+
 
 def trim_log(path, iter_num):
     """On resume: drop the records a crashed run wrote after its checkpoint (and a line cut by a
@@ -360,14 +593,180 @@ def trim_log(path, iter_num):
         f.writelines(keep)
     os.replace(path + ".tmp", path)
 
-def fmt_time(s):
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 def all_finite(module):
     return all(bool(torch.isfinite(p).all()) for p in module.parameters())
 
+
+def unhealthy(run, val_loss):
+    """Why the model now must not replace a checkpoint, or "" when it may."""
+    if not math.isfinite(val_loss):
+        return f"its val loss is {val_loss}"
+    if run.bad_in_row:
+        return f"it is inside a streak of {run.bad_in_row} non-finite step(s)"
+    if not all_finite(run.raw_model):
+        return "its weights are not finite"
+    return ""
+
+
+def describe_healthy(run):
+    """The checkpoints a user can go back to, for messages."""
+    if run.healthy is None:
+        return "no checkpoint was written yet"
+    path, it, val = run.healthy
+    text = f"the last healthy checkpoint is {path} (iter {it}, val loss {val:.4f})"
+    best = os.path.join(run.c.out_dir, BEST)
+    if os.path.exists(best) and not (os.path.exists(path) and os.path.samefile(best, path)):
+        text += f", the best is {best} (val loss {run.best_val_loss:.4f})"
+    return text
+
+
+def save(run, val_loss, best):
+    """Every rank's data/RNG streams gathered, rank 0 writes the checkpoint (and ckpt_best.pt
+    when `best`); never from an unhealthy model. The decision is the same on every rank: the
+    losses are all-reduced and the weights equal."""
+    why = unhealthy(run, val_loss)
+    if why:
+        run.log(f"warning: not saving at iter {run.iter_num}: {why}; {describe_healthy(run)}")
+        return
+    states = dict(rng=rng_state(), loader=run.train_loader.state_dict())
+    gathered = [None] * run.world
+    if run.ddp:
+        torch.distributed.all_gather_object(gathered, states)
+    else:
+        gathered = [states]
+    if run.master:
+        save_checkpoint(dict(
+            model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),
+            iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg,
+            model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
+            recipe_spec=repr(run.recipe), meta=run.meta, n_nonfinite=run.n_nonfinite,
+            world_size=run.world, rng=[g["rng"] for g in gathered],
+            loader=[g["loader"] for g in gathered], val_loss=val_loss), run.ckpt_path, best=best)
+        run.log(f"saved checkpoint {run.ckpt_path} at iter {run.iter_num}"
+                + (f" (and {BEST}: best val loss)" if best else ""))
+    run.healthy = (run.ckpt_path, run.iter_num, val_loss)
+
+# -----------------------------------------------------------------------------
+# evaluation
+
+
+@torch.no_grad()
+def estimate_loss(run):
+    """Mean CE loss over eval_iters fixed batches per split; leaves every RNG as it was."""
+    c, out = run.c, {}
+    run.model.eval()
+    with torch.random.fork_rng(devices=[c.device] if run.device_type == "cuda" else []):
+        for split in ("train", "val"):
+            loader = make_loader(run, split, c.seed + 1)
+            losses = torch.zeros(c.eval_iters, device=c.device)
+            for k in range(c.eval_iters):
+                x, y = loader.next_batch()
+                with run.ctx:
+                    _, loss = run.raw_model(x, y)
+                losses[k] = loss   # in eval mode the model returns the CE alone
+            m = losses.mean()
+            if run.ddp:
+                run.all_reduce_mean(m)
+            out[split] = m.item()
+    run.model.train()
+    return out
+
+
+def evaluate(run):
+    """Log both losses; checkpoint when asked to (always, or when val improved). The losses."""
+    losses = estimate_loss(run)
+    run.log(f"eval iter {run.iter_num}: train loss {losses['train']:.4f}, val loss "
+            f"{losses['val']:.4f}")
+    run.record(dict(type="eval", iter=run.iter_num, train_loss=losses["train"],
+                    val_loss=losses["val"]))
+    improved = losses["val"] < run.best_val_loss   # False for NaN
+    if improved:
+        run.best_val_loss = losses["val"]
+    if (improved or run.c.always_save_checkpoint) and run.iter_num > run.start_iter \
+            and not run.c.dry_run:
+        save(run, losses["val"], best=improved)
+    return losses
+
+# -----------------------------------------------------------------------------
+# one training step
+
+
+def forward_backward(run):
+    """accum micro-steps; the mean loss (all-reduced under DDP), gradients accumulated."""
+    c, loss_sum = run.c, torch.zeros((), device=run.c.device)
+    for _ in range(run.accum):
+        x, y = run.train_loader.next_batch()
+        if run.rank == c.debug_fail_rank and run.iter_num == c.debug_fail_at_iter:
+            raise RuntimeError(f"debug_fail_at_iter: rank {run.rank} fails at iter {run.iter_num}")
+        if run.graphs:  # a new replay may reuse the previous micro-step's buffers
+            torch.compiler.cudagraph_mark_step_begin()
+        with run.ctx:
+            _, loss = run.model(x, y)
+        if c.debug_nan_at_iter <= run.iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
+            loss = loss * float("nan")
+        loss_sum += loss.detach()
+        (loss / run.accum).backward()
+    if run.ddp:
+        run.all_reduce_mean(loss_sum)
+        run.all_reduce_mean(run.flat_grad)
+    return loss_sum.item() / run.accum
+
+
+def train_step(run, lr):
+    """One iteration: forward/backward, clip, then the optimizer step, or a skipped step when
+    the loss or grad norm is not finite. Returns (loss, grad norm)."""
+    c = run.c
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    probing = c.telemetry_interval and run.iter_num % c.telemetry_interval == 0 and run.master
+    with fp4.probe_alphas() if probing else contextlib.nullcontext() as alphas:
+        loss = forward_backward(run)
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        run.raw_model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf")).item()
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        run.optimizer.step()
+        if hasattr(run.raw_model, "update_router_bias"):
+            run.raw_model.update_router_bias(
+                all_reduce=torch.distributed.all_reduce if run.ddp else None)
+        run.bad_in_row = 0
+    else:
+        skip_nonfinite_step(run, loss, grad_norm)
+    run.optimizer.zero_grad(set_to_none=run.flat_grad is None)
+    if probing and alphas:
+        tel = telemetry_record(run.iter_num, fp4.probe_summary(alphas))
+        run.record(tel)
+        run.log(f"iter {run.iter_num} alpha | " + " ".join(
+            f"{k} {'-' if v is None else f'{v:.4f}'}" for k, v in tel["alpha"].items()))
+    return loss, grad_norm
+
+
+def skip_nonfinite_step(run, loss, grad_norm):
+    """Count a skipped step; stop when the policy says so."""
+    c = run.c
+    run.n_nonfinite += 1
+    run.bad_in_row += 1
+    run.record(dict(type="nonfinite", iter=run.iter_num, loss=loss, grad_norm=grad_norm))
+    what = f"loss {loss}" if not math.isfinite(loss) else f"grad norm {grad_norm} (loss {loss:.4f})"
+    run.log(f"iter {run.iter_num}: non-finite {what}: step skipped ({run.bad_in_row} in a row, "
+            f"{run.n_nonfinite} in all)")
+    if c.nonfinite_policy == "stop" or run.bad_in_row >= c.max_nonfinite:
+        raise NonFiniteError(
+            f"stopping at iter {run.iter_num}: {run.bad_in_row} non-finite step(s) in a row "
+            f"(policy {c.nonfinite_policy!r}, max_nonfinite={c.max_nonfinite}); "
+            f"{describe_healthy(run)}")
+
+# -----------------------------------------------------------------------------
+# logging
+
+
+def fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
 OPERANDS = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
+
 
 def telemetry_record(iter_num, summary):
     """One log record from fp4.probe_summary(): alpha and SQNR per GEMM operand, mean over
@@ -382,6 +781,7 @@ def telemetry_record(iter_num, summary):
     return dict(type="telemetry", iter=iter_num, alpha={op: num(mean(op, 0), 6) for op in ops},
                 sqnr_db={op: num(mean(op, 1), 3) for op in ops}, layers=layers)
 
+
 def moe_record(raw_model):
     stats = raw_model.moe_stats() if hasattr(raw_model, "moe_stats") else {}
     out = {}
@@ -391,349 +791,107 @@ def moe_record(raw_model):
                                                            for row in v.reshape(v.shape[0], -1).tolist()]
     return out
 
-# -----------------------------------------------------------------------------
 
-def flat_grads(model):
-    """Makes every parameter's .grad a view of one flat zeroed buffer (which it returns), so that
-    backward accumulates into it in place and one collective reduces all gradients."""
-    params = list(model.parameters())
-    kinds = {(p.device, p.dtype) for p in params}
-    if len(kinds) > 1:
-        raise ValueError(f"flat_grads needs all parameters on one device in one dtype, got {kinds}")
-    flat = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=params[0].dtype)
-    offset = 0
-    for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-    return flat
+def log_step(run, loss, grad_norm, lr, dt, step_s, elapsed):
+    """The training record of the iteration just done (run.iter_num - 1), and its line."""
+    c = run.c
+    tok_s = run.tokens_per_iter / step_s
+    mfu = run.flops_per_token * tok_s / (c.peak_tflops * 1e12 * run.world)
+    rec = dict(type="train", iter=run.iter_num - 1, loss=loss, lr=lr, grad_norm=grad_norm,
+               dt_ms=dt * 1000, tok_per_s=tok_s, mfu=mfu, elapsed_s=elapsed)
+    rec.update(moe_record(run.raw_model))
+    run.record(rec)
+    run.log(f"iter {run.iter_num - 1} | loss {loss:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms | "
+            f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.2f}% | "
+            f"ETA {fmt_time((c.max_iters - run.iter_num) * step_s)}")
+    return rec
+
+
+def final_sample(run):
+    """A sample from the trained model, started from a newline (char) or end-of-text token."""
+    meta = run.meta
+    first = meta["stoi"].get("\n", 0) if meta["tokenizer"] == "char" else meta.get("eot_token", 0)
+    x = torch.full((1, 1), first, dtype=torch.long, device=run.c.device)
+    run.raw_model.eval()
+    with run.ctx:
+        out = run.raw_model.generate(x, run.c.final_sample_tokens, temperature=0.8, top_k=200)
+    run.log("sample:\n" + decoder(meta)(out[0].tolist()))
+
+# -----------------------------------------------------------------------------
+# the training loop; a checkpoint is always taken at an iteration boundary
+
+
+def train(run):
+    """Iterate to max_iters with an eval (and checkpoint) every eval_interval; the last logged
+    training loss, or a dry run's one-step loss."""
+    c = run.c
+    t0, dt_avg, last = time.time(), None, {}
+    t_start = t0
+    while run.iter_num < c.max_iters:
+        if run.iter_num % c.eval_interval == 0 and not c.dry_run and (
+                run.iter_num > run.start_iter or c.init_from == "scratch"):
+            evaluate(run)
+            t0 = time.time()   # step timings leave the eval out
+        lr = get_lr(run.iter_num, c)
+        loss, grad_norm = train_step(run, lr)
+        if c.dry_run:
+            run.log(f"dry run: one step done, loss {loss:.4f}; nothing written")
+            return loss
+        t1 = time.time()
+        dt, t0 = t1 - t0, t1
+        run.iter_num += 1
+        if run.iter_num - run.start_iter > 1:   # the first step includes warm-up work
+            dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
+        if (run.iter_num - 1) % c.log_interval == 0 or run.iter_num == c.max_iters:
+            last = log_step(run, loss, grad_norm, lr, dt, dt_avg or dt, t1 - t_start)
+    if run.iter_num > run.start_iter:
+        evaluate(run)
+    else:
+        run.log(f"nothing to train: at iter {run.iter_num}, max_iters={c.max_iters}")
+    if run.bad_in_row:
+        raise NonFiniteError(f"the run ended inside a streak of {run.bad_in_row} non-finite "
+                             f"step(s), so its end was not saved; {describe_healthy(run)}")
+    if c.final_sample_tokens and run.master:
+        final_sample(run)
+    return last.get("loss")
+
 
 def main(argv=None):
-    import fp4
-    import data
-    from data.loader import BinLoader
-    from model import GPT
-
-    cfg = get_config(sys.argv[1:] if argv is None else argv)
-    cfg["out_dir"] = cfg["out_dir"].format(**cfg)
-    c = SimpleNamespace(**cfg)
-    fp4.set_backend(c.backend)
-    if c.sr_bits != 8 or "kernels" in sys.modules:  # (also resets an earlier run's 16 in this process)
-        import kernels  # the torch reference draws fp32 uniforms: sr_bits is the kernels' knob
-        kernels.SR_BITS = c.sr_bits
-
-    # processes and devices
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    master = rank == 0
-    if c.gradient_accumulation_steps % world:
-        raise ConfigError(f"gradient_accumulation_steps={c.gradient_accumulation_steps} must be a "
-                          f"multiple of the number of processes ({world})")
-    if c.device == "auto":
-        c.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if ddp:   # torchrun: NCCL between GPUs, gloo between CPU processes
-        import torch.distributed as dist
-        if c.device.startswith("cuda"):
-            c.device = f"cuda:{os.environ['LOCAL_RANK']}"
-            torch.cuda.set_device(c.device)
-        dist.init_process_group("nccl" if c.device.startswith("cuda") else "gloo",
-                                timeout=datetime.timedelta(seconds=c.dist_timeout_s))
-    accum = c.gradient_accumulation_steps // world
-    device_type = "cuda" if c.device.startswith("cuda") else "cpu"
-    if c.dtype == "auto":
-        c.dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    ctx = contextlib.nullcontext() if c.dtype == "float32" else \
-        torch.autocast(device_type, dtype=torch.bfloat16)
-    tokens_per_iter = c.gradient_accumulation_steps * c.batch_size * c.block_size
-    logf = wandb = None
-    log = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
-
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_help(argv):
+        print(help_text(__file__, DEFAULTS, NULLABLE, usage=__doc__))
+        return None
+    cfg, resumed = configure(argv)
+    run = Run(cfg)
+    run.resumed = resumed
+    fp4.set_backend(run.c.backend)
+    set_sr_bits(run.c.sr_bits)
+    setup_processes(run)
     try:
         torch.set_flush_denormal(True)  # CPU: ops on denormal floats (tiny grads) are ~100x slower
-        # data: prepared on first use; vocab_size from its meta
-        data_path = os.path.join(c.data_dir, c.dataset)
-        if not all(os.path.exists(os.path.join(data_path, f))
-                   for f in ("train.bin", "val.bin", "meta.json")):
-            if master:
-                log(f"preparing dataset {c.dataset!r} in {data_path} (first use only)...")
-                t = time.time()
-                if c.dataset_input:
-                    import data.prepare
-                    data.prepare.prepare(c.dataset_input.split(","), data_path, c.dataset_tokenizer)
-                else:
-                    data.prepare_dataset(c.dataset, data_dir=c.data_dir)
-                log(f"dataset prepared in {time.time() - t:.1f}s")
-            if ddp:
-                dist.barrier()
-        meta = data.load_meta(data_path)
-        recipe = make_recipe_from(cfg)
-        margs = model_config(cfg, meta["vocab_size"])
-
-        def loader(split, seed_):
-            try:
-                return BinLoader(data_path, split, c.block_size, c.batch_size, seed_,
-                                 device=c.device, rank=rank, world_size=world)
-            except ValueError as e:  # too short for one window, token ids >= vocab_size
-                raise ConfigError(f"dataset {data_path} ({split}): {e}") from None
-
-        train_loader = loader("train", c.seed)
-        loader("val", c.seed)  # fail now, not at the first eval, if val.bin is too short
-
-        # model: fp32 master weights, the recipe's linears
-        random.seed(c.seed)
-        np.random.seed(c.seed)
-        torch.manual_seed(c.seed)
-        try:
-            raw_model = fp4.convert(GPT(margs), recipe)
-        except ValueError as e:
-            raise ConfigError(f"the model does not fit recipe {recipe.name!r}: {e}") from None
-        raw_model.to(c.device)
-        optimizer = raw_model.configure_optimizers(c.weight_decay, c.learning_rate,
-                                                   (c.beta1, c.beta2), device_type)
-        if ddp:   # same init everywhere; dropout and SR draw per-process streams from here on
-            torch.manual_seed(c.seed + rank)
-        if (c.batch_size * c.block_size) % 32 and recipe.quantized:
-            log(f"note: {c.batch_size * c.block_size} tokens per micro-step are not a multiple of "
-                f"the Wgrad block: fp4 pads them with zero rows")
-
-        iter_num, best_val_loss, n_nonfinite = 0, float("inf"), 0
-        ckpt_path = os.path.join(c.out_dir, "ckpt.pt")
-        if c.init_from == "resume":
-            ckpt, src = load_checkpoint(c.resume_from or ckpt_path)  # on the CPU: RNG states
-            check_compatible(ckpt, src, margs)
-            try:
-                raw_model.load_state_dict(ckpt["model"])
-                optimizer.load_state_dict(ckpt["optimizer"])
-            except (RuntimeError, ValueError, KeyError) as e:
-                raise CheckpointError(f"{src} does not fit this model/optimizer: {e}") from e
-            iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-            n_nonfinite = ckpt.get("n_nonfinite", 0)
-            if ckpt["recipe"] != recipe.name:
-                log(f"note: {src} was trained with recipe {ckpt['recipe']!r}, continuing with "
-                    f"{recipe.name!r}")
-            old_bits = ckpt.get("config", {}).get("sr_bits", 8)
-            if old_bits != c.sr_bits:
-                log(f"note: {src} was trained with sr_bits={old_bits}, continuing with "
-                    f"sr_bits={c.sr_bits}")
-            old_world = ckpt.get("world_size", len(ckpt.get("rng", [])))
-            if rank < old_world:   # this rank's streams continue where they were
-                train_loader.load_state_dict(ckpt["loader"][rank])
-                set_rng_state(ckpt["rng"][rank])
-            elif old_world:   # a new rank: rank 0's host RNGs, fresh torch and data streams
-                set_rng_state(ckpt["rng"][0])
-                torch.manual_seed(int(np.random.SeedSequence([c.seed, rank, iter_num])
-                                      .generate_state(1)[0]))
-            if old_world != world:
-                log(f"note: {src} was written by {old_world} process(es), now {world}: ranks "
-                    f"below {min(old_world, world)} continue their data/RNG streams, the others "
-                    f"start new ones, so the data order differs from an uninterrupted "
-                    f"{old_world}-process run")
-            log(f"resumed from {src} at iter {iter_num} (best val loss {best_val_loss:.4f})")
-            del ckpt
-            if master:
-                trim_log(os.path.join(c.out_dir, "log.jsonl"), iter_num)
-        start_iter = iter_num
-
-        model = raw_model
-        if c.compile:
-            model = torch.compile(model, mode=c.compile_mode)
-        graphs = c.compile and c.compile_mode in GRAPH_MODES and device_type == "cuda"
-        # Under CUDA graphs and under DDP, the gradients are views of one flat buffer that stays
-        # put and accumulates in place over the micro-steps. Graphs need them outside their
-        # memory pool (a .grad taken from the pool would be overwritten by the next replay); DDP
-        # all-reduces that buffer in one call after the last micro-step (no DDP wrapper, whose
-        # hooks would run inside replayed graphs; the price is no overlap of that call with the
-        # last backward, small next to a step of several micro-steps). A parameter with no
-        # gradient in a step then gets AdamW's update of a zero grad; every parameter here gets one.
-        flat_grad = flat_grads(raw_model) if graphs or ddp else None
-        if ddp:   # rank 0's weights everywhere, whatever each process drew or loaded
-            for t in list(raw_model.parameters()) + list(raw_model.buffers()):
-                dist.broadcast(t.data, 0)
-        def all_reduce_mean(t):   # gloo has no ReduceOp.AVG
-            dist.all_reduce(t)
-            t /= world
-
-        flops_per_token = raw_model.estimate_flops_per_token()
-        log(f"model: {raw_model.num_params() / 1e6:.2f}M params ({raw_model.active_params() / 1e6:.2f}M "
-            f"active), recipe {recipe.name}, {world} process(es) on {c.device}, {c.dtype}, "
-            f"{tokens_per_iter} tokens/iter")
-
-        @torch.no_grad()
-        def estimate_loss():
-            """Mean CE loss over eval_iters fixed batches per split; leaves every RNG as it was."""
-            out = {}
-            model.eval()
-            with torch.random.fork_rng(devices=[c.device] if device_type == "cuda" else []):
-                for split in ("train", "val"):
-                    ld = loader(split, c.seed + 1)
-                    losses = torch.zeros(c.eval_iters, device=c.device)
-                    for k in range(c.eval_iters):
-                        x, y = ld.next_batch()
-                        with ctx:
-                            _, loss = raw_model(x, y)
-                        losses[k] = loss   # in eval mode the model returns the CE alone
-                    m = losses.mean()
-                    if ddp:
-                        all_reduce_mean(m)
-                    out[split] = m.item()
-            model.train()
-            return out
-
-        def checkpoint(iter_num):
-            if not all_finite(raw_model):
-                log(f"warning: non-finite weights at iter {iter_num}: not overwriting {ckpt_path}")
-                return
-            states = dict(rng=rng_state(), loader=train_loader.state_dict())
-            gathered = [None] * world
-            if ddp:
-                dist.all_gather_object(gathered, states)
-            else:
-                gathered = [states]
-            if master:
-                save_checkpoint(dict(
-                    model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
-                    iter_num=iter_num, best_val_loss=best_val_loss, config=cfg,
-                    model_args=dataclasses.asdict(margs), recipe=recipe.name,
-                    recipe_spec=repr(recipe), meta=meta, n_nonfinite=n_nonfinite,
-                    world_size=world, rng=[g["rng"] for g in gathered],
-                    loader=[g["loader"] for g in gathered]), ckpt_path)
-                log(f"saved checkpoint {ckpt_path} at iter {iter_num}")
-
-        if master and not c.dry_run:
-            os.makedirs(c.out_dir, exist_ok=True)
-            logf = open(os.path.join(c.out_dir, "log.jsonl"), "a")
-        if c.wandb_log and master and not c.dry_run:
-            import wandb
-            wandb.init(project=c.wandb_project, name=c.wandb_run_name or None, config=cfg,
-                       mode=c.wandb_mode, dir=c.out_dir)
-
-        def record(rec):
-            if logf:
-                logf.write(json.dumps(rec) + "\n")
-                logf.flush()
-            if wandb:
-                wandb.log({k: v for k, v in rec.items() if not isinstance(v, list)},
-                          step=rec["iter"])
-
-        def do_eval(iter_num):
-            nonlocal best_val_loss
-            losses = estimate_loss()
-            log(f"eval iter {iter_num}: train loss {losses['train']:.4f}, val loss "
-                f"{losses['val']:.4f}")
-            record(dict(type="eval", iter=iter_num, train_loss=losses["train"],
-                        val_loss=losses["val"]))
-            improved = losses["val"] < best_val_loss
-            best_val_loss = min(best_val_loss, losses["val"])
-            if (improved or c.always_save_checkpoint) and iter_num > start_iter and not c.dry_run:
-                checkpoint(iter_num)
-
-        if c.eval_only:
-            do_eval(iter_num)
-            return best_val_loss
-
-        # the training loop; a checkpoint is always taken at an iteration boundary
-        t0, dt_avg, bad_in_row, last = time.time(), None, 0, {}
-        t_start = t0
-        while iter_num < c.max_iters:
-            if iter_num % c.eval_interval == 0 and not c.dry_run and (
-                    iter_num > start_iter or c.init_from == "scratch"):
-                do_eval(iter_num)
-                t0 = time.time()   # step timings leave the eval out
-            lr = get_lr(iter_num, c)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-
-            loss_sum = torch.zeros((), device=c.device)
-            probing = c.telemetry_interval and iter_num % c.telemetry_interval == 0 and master
-            probe = fp4.probe_alphas() if probing else contextlib.nullcontext()
-            with probe as alphas:
-                for _ in range(accum):
-                    x, y = train_loader.next_batch()
-                    if rank == c.debug_fail_rank and iter_num == c.debug_fail_at_iter:
-                        raise RuntimeError(f"debug_fail_at_iter: rank {rank} fails at iter {iter_num}")
-                    if graphs:  # a new replay may reuse the previous micro-step's buffers
-                        torch.compiler.cudagraph_mark_step_begin()
-                    with ctx:
-                        _, loss = model(x, y)
-                    if c.debug_nan_at_iter <= iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
-                        loss = loss * float("nan")
-                    loss_sum += loss.detach()
-                    (loss / accum).backward()
-            if ddp:
-                all_reduce_mean(loss_sum)
-                all_reduce_mean(flat_grad)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                raw_model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf"))
-            loss_val, norm_val = loss_sum.item() / accum, grad_norm.item()
-            finite = math.isfinite(loss_val) and math.isfinite(norm_val)
-            if finite:
-                optimizer.step()
-                if hasattr(raw_model, "update_router_bias"):
-                    raw_model.update_router_bias(all_reduce=dist.all_reduce if ddp else None)
-                bad_in_row = 0
-            else:
-                n_nonfinite += 1
-                bad_in_row += 1
-                record(dict(type="nonfinite", iter=iter_num, loss=loss_val, grad_norm=norm_val))
-                log(f"iter {iter_num}: non-finite loss {loss_val} / grad norm {norm_val}: "
-                    f"step skipped ({bad_in_row} in a row, {n_nonfinite} in all)")
-                if c.nonfinite_policy == "stop" or bad_in_row >= c.max_nonfinite:
-                    kept = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) \
-                        else "no checkpoint was written yet"
-                    raise NonFiniteError(
-                        f"stopping at iter {iter_num}: {bad_in_row} non-finite step(s) in a row "
-                        f"(policy {c.nonfinite_policy!r}, max_nonfinite={c.max_nonfinite}); {kept}")
-            optimizer.zero_grad(set_to_none=flat_grad is None)
-            if probing and alphas:
-                tel = telemetry_record(iter_num, fp4.probe_summary(alphas))
-                record(tel)
-                log(f"iter {iter_num} alpha | " + " ".join(
-                    f"{k} {'-' if v is None else f'{v:.4f}'}" for k, v in tel["alpha"].items()))
-            if c.dry_run:
-                log(f"dry run: one step done, loss {loss_val:.4f}; nothing written")
-                return loss_val
-
-            t1 = time.time()
-            dt, t0 = t1 - t0, t1
-            iter_num += 1
-            if iter_num - start_iter > 1:   # the first step includes warm-up work
-                dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
-            if (iter_num - 1) % c.log_interval == 0 or iter_num == c.max_iters:
-                step = dt_avg or dt
-                tok_s = tokens_per_iter / step
-                mfu = flops_per_token * tok_s / (c.peak_tflops * 1e12 * world)
-                rec = dict(type="train", iter=iter_num - 1, loss=loss_val, lr=lr,
-                           grad_norm=norm_val, dt_ms=dt * 1000, tok_per_s=tok_s, mfu=mfu,
-                           elapsed_s=t1 - t_start)
-                rec.update(moe_record(raw_model))
-                record(rec)
-                last = rec
-                log(f"iter {iter_num - 1} | loss {loss_val:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms | "
-                    f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.2f}% | "
-                    f"ETA {fmt_time((c.max_iters - iter_num) * step)}")
-        if iter_num > start_iter:
-            do_eval(iter_num)
-        else:
-            log(f"nothing to train: at iter {iter_num}, max_iters={c.max_iters}")
-        if c.final_sample_tokens and master:
-            from sample import decoder
-            first = meta["stoi"].get("\n", 0) if meta["tokenizer"] == "char" else meta.get("eot_token", 0)
-            x = torch.full((1, 1), first, dtype=torch.long, device=c.device)
-            raw_model.eval()
-            with ctx:
-                out = raw_model.generate(x, c.final_sample_tokens, temperature=0.8, top_k=200)
-            log("sample:\n" + decoder(meta)(out[0].tolist()))
-        return last.get("loss")
+        take_out_dir(run)
+        setup_data(run)
+        setup_model(run)
+        if run.c.init_from == "resume":
+            resume(run)
+        run.start_iter = run.iter_num
+        compile_model(run)
+        run.flops_per_token = run.raw_model.estimate_flops_per_token()
+        run.log(f"model: {run.raw_model.num_params() / 1e6:.2f}M params "
+                f"({run.raw_model.active_params() / 1e6:.2f}M active), recipe {run.recipe.name}, "
+                f"{run.world} process(es) on {run.c.device}, {run.c.dtype}, "
+                f"{run.tokens_per_iter} tokens/iter")
+        open_outputs(run)
+        if run.c.eval_only:
+            return evaluate(run)["val"]
+        return train(run)
     finally:
-        if logf:
-            logf.close()
-        if wandb:
-            wandb.finish()
-        if ddp:
-            dist.destroy_process_group()
+        run.close()
         # torch's default: leave the process as we found it. Only this thread's flag can be reset:
         # torch's worker threads that this run created inherited the flag and keep flushing
         # subnormals in later parallel CPU ops of this process.
         torch.set_flush_denormal(False)
+
 
 def _exit(code):
     """Under torchrun, leave without finalizing the interpreter: gloo's worker threads can outlive
@@ -746,6 +904,7 @@ def _exit(code):
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
 
 if __name__ == "__main__":
     try:

@@ -1,15 +1,12 @@
 # nanoGPT's shakespeare_char "baby GPT" budget on the classic tinyshakespeare (1.1M characters,
-# vocab 65; data/tinyshakespeare_char is built from ../shared/data/tinyshakespeare/input.txt on
-# first use): 6 layers, 6 heads, 384 wide, context 256, batch 64, 5000 iterations, lr 1e-3,
-# dropout 0.2, GPT-2 architecture (GELU, LayerNorm, learned positions, tied embeddings).
+# vocab 65; data/tinyshakespeare_char is downloaded from karpathy/char-rnn on first use and checked
+# against its sha256; offline, add --dataset_input=path/to/input.txt): 6 layers, 6 heads, 384 wide,
+# context 256, batch 64, 5000 iterations, lr 1e-3, dropout 0.2, GPT-2 architecture (GELU,
+# LayerNorm, learned positions, tied embeddings).
 # nanoGPT reports a val loss of about 1.47 after 5000 iterations: the bf16 acceptance run on a GPU.
 # Any recipe: --recipe=ufp4 (384 is a multiple of 16 and of the RHT size).
-import os
-
 out_dir = "out/shakespeare_char_gpt_{recipe}"
 dataset = "tinyshakespeare_char"
-dataset_input = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                              "shared", "data", "tinyshakespeare", "input.txt"))
 dataset_tokenizer = "char"
 recipe = "bf16"
 n_layer = 6

@@ -8,24 +8,25 @@ import os
 
 from data.common import load_meta
 
-DATASETS = ("shakespeare_char", "shakespeare", "literature")
+DATASETS = ("shakespeare_char", "shakespeare", "literature", "tinyshakespeare_char")
 
 
-def prepare_dataset(name: str, data_dir: str = "data") -> str:
-    """Folder of dataset `name` under data_dir, prepared first if its files are missing."""
+def prepare_dataset(name: str, data_dir: str = "data", force: bool = False) -> str:
+    """Folder of dataset `name` under data_dir, prepared first if its files are missing (or
+    always, with force)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     path = os.path.join(data_dir, name)
-    if all(os.path.exists(os.path.join(path, f)) for f in ("train.bin", "val.bin", "meta.json")):
+    if not force and all(os.path.exists(os.path.join(path, f))
+                         for f in ("train.bin", "val.bin", "meta.json")):
         return path
     print(f"preparing dataset {name} (first run only)...", flush=True)
     prepare = importlib.import_module(f"data.{name}.prepare").prepare
     try:
         prepare(out_dir=path, cache_dir=os.path.join(data_dir, "cache"))
     except Exception as e:
-        raise RuntimeError(
-            f"preparing dataset {name!r} into {path} failed: {e}\n"
-            f"(run `python data/{name}/prepare.py --out {path}` to see the whole error; downloads are "
-            f"cached in {os.path.join(data_dir, 'cache')}, so a machine without network needs that "
-            f"folder, or the prepared .bin files and meta.json, copied over)") from e
+        reason = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        raise RuntimeError(f"preparing dataset {name!r} into {path} failed: {reason} "
+                           f"(`python data/{name}/prepare.py` shows the whole error; downloads are cached "
+                           f"in {os.path.join(data_dir, 'cache')})") from e
     return path

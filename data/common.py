@@ -245,6 +245,30 @@ def get_gpt2_encoding(wheel_path=None, cache_dir=DEFAULT_CACHE_DIR):
         return tiktoken.get_encoding("gpt2")
 
 
+def decoder(meta):
+    """token ids -> str for a dataset's meta (char or gpt2)."""
+    if meta["tokenizer"] == "char":
+        itos = meta["itos"]
+        return lambda ids: "".join(itos[i] for i in ids)
+    enc = get_gpt2_encoding()
+    return lambda ids: enc.decode([i for i in ids if i < enc.n_vocab])
+
+
+def encoder(meta):
+    """str -> token ids for a dataset's meta; unknown characters are an error."""
+    if meta["tokenizer"] == "char":
+        stoi = meta["stoi"]
+
+        def encode(text):
+            bad = sorted(set(ch for ch in text if ch not in stoi))
+            if bad:
+                raise ValueError(f"characters {bad} are not in the dataset's vocabulary")
+            return [stoi[ch] for ch in text]
+        return encode
+    enc = get_gpt2_encoding()
+    return lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})
+
+
 def char_vocab(text):
     """Sorted list of the distinct characters of text: index = token id."""
     return sorted(set(text))
@@ -302,6 +326,10 @@ def write_dataset(out_dir, documents, tokenizer="gpt2", val_fraction=0.1, source
             splits[split].append(piece)
             counts[f"{split}_tokens"] += len(piece)
 
+    short = [split for split, pieces in splits.items() if not sum(len(p) for p in pieces)]
+    if short:   # checked before anything is written: no dataset that cannot load
+        raise ValueError(f"too little text: the {' and '.join(short)} split would be empty "
+                         f"(val_fraction={val_fraction}); give more text")
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(meta_path):
@@ -329,8 +357,38 @@ def write_dataset(out_dir, documents, tokenizer="gpt2", val_fraction=0.1, source
 
 
 def load_meta(path):
-    """meta.json of a dataset, given its folder or the file itself."""
+    """meta.json of a dataset, given its folder or the file itself; a damaged one is a
+    ValueError that says how to rebuild it."""
+    folder = path
     if os.path.isdir(path):
         path = os.path.join(path, "meta.json")
-    with open(path) as f:
-        return json.load(f)
+    else:
+        folder = os.path.dirname(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is damaged ({e}): delete {folder} and prepare the dataset "
+                         f"again") from None
+    if not isinstance(meta, dict) or "vocab_size" not in meta:
+        raise ValueError(f"{path} is not a dataset's meta.json (no vocab_size): "
+                         f"delete {folder} and prepare the dataset again")
+    return meta
+
+
+def read_text_file(path):
+    """The text of a UTF-8 file; a missing, binary or empty file is a one-line ValueError."""
+    if not os.path.isfile(path):
+        raise ValueError(f"input file {path!r} not found")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"input file {path!r} is not UTF-8 text (byte {e.start} is "
+                         f"{raw[e.start:e.start + 1]!r}): give a text file") from None
+    if "\x00" in text:
+        raise ValueError(f"input file {path!r} holds NUL bytes: a binary file, not text")
+    if not text.strip():
+        raise ValueError(f"input file {path!r} is empty: give a file with text in it")
+    return text

@@ -19,6 +19,9 @@ class BinLoader:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.path = os.path.join(data_dir, f"{split}.bin")
+        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+            raise ValueError(f"{self.path} is {'missing' if not os.path.exists(self.path) else 'empty'}: "
+                             f"prepare the dataset again")
         self.tokens = np.memmap(self.path, dtype=np.uint16, mode="r")
         if len(self.tokens) < block_size + 1:
             raise ValueError(f"{self.path} has {len(self.tokens)} tokens, fewer than one window of "

@@ -10,14 +10,11 @@ import sys
 
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from data.common import clean_text, sha256_file, write_dataset
+from data.common import clean_text, read_text_file, sha256_file, write_dataset
 
 
 def prepare(input_paths, out_dir, tokenizer="gpt2", val_fraction=0.1):
-    documents = []
-    for path in input_paths:
-        with open(path, encoding="utf-8") as f:
-            documents.append((os.path.basename(path), clean_text(f.read())))
+    documents = [(os.path.basename(path), clean_text(read_text_file(path))) for path in input_paths]
     return write_dataset(out_dir, documents, tokenizer=tokenizer, val_fraction=val_fraction,
                          source="local files: " + ", ".join(input_paths),
                          inputs=[(path, sha256_file(path)) for path in input_paths])
@@ -30,5 +27,8 @@ if __name__ == "__main__":
     parser.add_argument("--tokenizer", choices=["char", "gpt2"], default="gpt2")
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
-    meta = prepare(args.input, args.out, args.tokenizer, args.val_fraction)
+    try:
+        meta = prepare(args.input, args.out, args.tokenizer, args.val_fraction)
+    except (ValueError, RuntimeError, OSError) as e:
+        sys.exit(f"error: {e}")
     print(f"vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens -> {args.out}")

@@ -184,6 +184,49 @@ def test_url_download_offline_error_says_what_to_do(tmp_path, monkeypatch):
         shakespeare_char.prepare(out_dir=str(tmp_path), url="https://example.invalid/input.txt", cache_dir=str(tmp_path))
 
 
+class FakeResponse(io.BytesIO):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_tinyshakespeare_downloads_once_and_checks_sha256(tmp_path, monkeypatch):
+    """The nanoGPT comparison's dataset in a fresh clone: downloaded, sha256 checked, cached."""
+    from data.tinyshakespeare_char import prepare as tiny
+    text = b"First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50
+    monkeypatch.setattr(tiny, "SHA256", common.sha256_bytes(text))
+    calls = []
+
+    def urlopen(url, timeout):
+        calls.append(url)
+        return FakeResponse(text)
+    monkeypatch.setattr(common.urllib.request, "urlopen", urlopen)
+    meta = data.prepare_dataset("tinyshakespeare_char", data_dir=str(tmp_path))
+    assert calls == [tiny.URL] and meta == str(tmp_path / "tinyshakespeare_char")
+    assert common.load_meta(meta)["inputs"] == [{"file": tiny.URL, "sha256": tiny.SHA256}]
+    (tmp_path / "tinyshakespeare_char" / "meta.json").unlink()
+    data.prepare_dataset("tinyshakespeare_char", data_dir=str(tmp_path))   # from the cache
+    assert len(calls) == 1
+
+
+def test_tinyshakespeare_with_another_sha256_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(common.urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not it\n"))
+    with pytest.raises(RuntimeError, match="sha256 .* not tinyshakespeare's .*--dataset_input=path/to/input.txt"):
+        data.prepare_dataset("tinyshakespeare_char", data_dir=str(tmp_path))
+    assert not os.path.exists(tmp_path / "tinyshakespeare_char" / "meta.json")
+
+
+def test_tinyshakespeare_offline_is_one_line_naming_dataset_input(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+    monkeypatch.setattr(common.urllib.request, "urlopen", offline)
+    with pytest.raises(RuntimeError) as e:
+        data.prepare_dataset("tinyshakespeare_char", data_dir=str(tmp_path))
+    assert "\n" not in str(e.value) and "--dataset_input=path/to/input.txt" in str(e.value)
+
+
 # -----------------------------------------------------------------------------
 # fetching: cache hits need no network, failures say how to fix them
 
@@ -477,3 +520,37 @@ def test_prepare_dataset_runs_prepare_and_wraps_failures(tmp_path, monkeypatch, 
     monkeypatch.setattr(shakespeare_char, "prepare", offline)
     with pytest.raises(RuntimeError, match=r"(?s)preparing dataset 'shakespeare_char'.*failed.*shakespeare==0\.6.*prepare\.py"):
         data.prepare_dataset("shakespeare_char", str(tmp_path))
+
+
+# -----------------------------------------------------------------------------
+# bad inputs: one line, and no half-written dataset
+
+
+@pytest.mark.parametrize("content, msg", [(b"", "is empty"), (b"  \n\n", "is empty"),
+                                          (b"abc\xff\xfe", "not UTF-8 text"),
+                                          (b"ab\x00cd", "NUL bytes")])
+def test_bad_input_file_is_refused_before_writing(tmp_path, content, msg):
+    from data import prepare as local
+    path = tmp_path / "in.txt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=msg):
+        local.prepare([str(path)], str(tmp_path / "out"), tokenizer="char")
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_too_short_for_both_splits_writes_nothing(tmp_path):
+    with pytest.raises(ValueError, match="too little text: the train split would be empty"):
+        write_dataset(str(tmp_path / "out"), [("a", "x")], tokenizer="char")
+    assert not (tmp_path / "out").exists()
+
+
+def test_damaged_meta_json_says_how_to_rebuild(tmp_path):
+    (tmp_path / "meta.json").write_text('{"vocab_size": 6')
+    with pytest.raises(ValueError, match=r"meta.json is damaged .*delete .* and prepare the dataset again"):
+        common.load_meta(str(tmp_path))
+
+
+def test_empty_bin_file_is_a_clear_error(tmp_path):
+    (tmp_path / "train.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"train.bin is empty: prepare the dataset again"):
+        BinLoader(str(tmp_path), "train", 4, 2, seed=0)

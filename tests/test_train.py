@@ -5,6 +5,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -64,6 +65,15 @@ def test_unknown_key_lists_close_matches(tmp_path):
 def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
         train.get_config([arg])
+
+def test_model_keys_are_gptconfigs_fields():
+    import dataclasses
+    from model import GPTConfig
+    assert train.MODEL_KEYS == tuple(f.name for f in dataclasses.fields(GPTConfig))
+    c = train.get_config(["--n_layer=3", "--router=sigmoid"])
+    margs = train.model_config(c, 10)
+    assert margs.n_layer == 3 and margs.router == "sigmoid" and margs.vocab_size == 10
+    assert margs.rope_theta == GPTConfig.rope_theta   # not a config key: the model's default
 
 def test_telemetry_with_cuda_graphs_is_refused():
     # a replayed graph skips the Python that records the probes: say so instead of logging nothing
@@ -147,6 +157,26 @@ def test_dataset_prepared_from_input_file(tmp_path):
                          max_iters=2))
     assert (tmp_path / "data" / "mine" / "train.bin").exists() and (out / "ckpt.pt").exists()
 
+TINYSHAKESPEARE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
+NANOGPT_CONFIG = os.path.join(ROOT, "configs", "shakespeare_char_gpt.py")
+SMALL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=48", "--batch_size=2",
+         "--block_size=32", "--dry_run"]
+
+@pytest.mark.skipif(not os.path.exists(TINYSHAKESPEARE), reason="no local tinyshakespeare")
+def test_nanogpt_comparison_config_takes_a_local_input(tmp_path):
+    train.main([NANOGPT_CONFIG, f"--dataset_input={TINYSHAKESPEARE}", f"--data_dir={tmp_path}",
+                f"--out_dir={tmp_path / 'o'}"] + SMALL)
+    meta = json.load(open(tmp_path / "tinyshakespeare_char" / "meta.json"))
+    assert (meta["vocab_size"], meta["train_tokens"], meta["val_tokens"]) == (65, 1003854, 111540)
+
+def test_nanogpt_comparison_config_offline_is_one_line(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    with pytest.raises(train.ConfigError) as e:
+        train.main([NANOGPT_CONFIG, f"--data_dir={tmp_path}", f"--out_dir={tmp_path / 'o'}"] + SMALL)
+    assert "\n" not in str(e.value) and "--dataset_input=path/to/input.txt" in str(e.value)
+
 def test_validation_errors(ds, tmp_path):
     with pytest.raises(train.ConfigError, match="fewer than one window"):
         run(ds, tmp_path, block_size=8192, max_iters=1)
@@ -205,8 +235,26 @@ def test_resume_is_bit_identical(ds, tmp_path, kw):
 def test_resume_notes_a_changed_sr_bits(ds, tmp_path, kernels_at_8_bits, capsys):
     run(ds, tmp_path / "o", max_iters=2, lr_decay_iters=4, eval_interval=2, recipe="ufp4", sr_bits=16)
     capsys.readouterr()
-    run(ds, tmp_path / "o", max_iters=3, lr_decay_iters=4, eval_interval=2, recipe="ufp4", init_from="resume")
+    run(ds, tmp_path / "o", max_iters=3, lr_decay_iters=4, eval_interval=2, recipe="ufp4",
+        init_from="resume", sr_bits=8)
     assert "trained with sr_bits=16, continuing with sr_bits=8" in capsys.readouterr().out
+
+def test_resume_and_eval_only_from_the_checkpoint_alone(ds, tmp_path, capsys):
+    """No config file and no model or data keys: they come from the checkpoint's config."""
+    run(ds, tmp_path / "o", max_iters=4, eval_interval=2, recipe="ufp4", n_layer=3, n_embd=48,
+        n_head=3, sr_bits=16, **MOE)
+    capsys.readouterr()
+    bare = [f"--out_dir={tmp_path / 'o'}", "--init_from=resume", "--device=cpu", "--backend=torch",
+            "--eval_iters=2", "--batch_size=4"]
+    loss = train.main(bare + ["--eval_only"])
+    out = capsys.readouterr().out
+    assert "n_layer=3" in out and "recipe='ufp4'" in out and "sr_bits=16" in out and "n_expert=4" in out
+    assert math.isfinite(loss) and "1 process(es)" in out and "recipe ufp4" in out
+    train.main(bare + ["--max_iters=6", "--eval_interval=2", "--learning_rate=1e-3"])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iter_num"] == 6 and ck["config"]["n_layer"] == 3 and ck["config"]["learning_rate"] == 1e-3
+    with pytest.raises(train.CheckpointError, match=r"n_embd: 48 in the checkpoint, 96 now"):
+        train.main(bare + ["--max_iters=8", "--n_embd=96"])   # a given key wins, and is checked
 
 def test_flat_grads_accumulate_in_place_and_survive_the_optimizer():
     """train.flat_grads (CUDA graphs, DDP): backward adds into one flat buffer, the same
@@ -272,7 +320,8 @@ def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
     outs = _wait_ddp(_launch_ddp(ds, tmp_path / "two", batch_size=4, gradient_accumulation_steps=2,
                                  **kw))
     # rank 0 alone writes and prints: one log, one checkpoint (and its predecessor)
-    assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt", "ckpt_prev.pt", "log.jsonl"]
+    assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt", "ckpt_best.pt", "ckpt_prev.pt",
+                                                     "log.jsonl"]
     assert "iter 0" in outs[0] and outs[1].strip() == "", outs[1]
     a, b = read_log(str(tmp_path / "one")), read_log(str(tmp_path / "two"))
     assert len(a) == len(b) == 8
@@ -318,7 +367,7 @@ def _logged_after(out, k):
 def test_ddp_kill_9_resumes_on_two_and_on_one_process(ds, tmp_path, monkeypatch, capsys):
     """kill -9 of a whole 2-process job after a checkpoint; resuming on 2 processes and on 1
     (batch 2B, GlobalBatchLoader: same windows) gives the losses of an uninterrupted run.
-    (Issue 8: this once failed in about ten suite runs. The cause was a rank of a job that had
+    (This once failed in about ten suite runs. The cause was a rank of a job that had
     finished well dying of SIGABRT at interpreter exit, see tests/train_helpers.py; the losses
     were never at fault: resuming at any checkpoint from iter 3 to 18 matches within 3e-7.)"""
     kw = dict(batch_size=4, gradient_accumulation_steps=2, eval_interval=3, eval_iters=1,
@@ -481,6 +530,7 @@ def test_kill_9_during_training_leaves_a_loadable_checkpoint(ds, tmp_path):
     finally:
         p.kill()
         p.wait()
+    assert (out / "lock").exists()   # left by the killed run: free, and taken over below
     ck, _ = train.load_checkpoint(str(out / "ckpt.pt"))
     run(ds, out, init_from="resume", max_iters=ck["iter_num"] + 2, eval_interval=1000)
     # the log reads as one run: what the killed run wrote after its checkpoint is gone
@@ -498,7 +548,8 @@ def test_nonfinite_skip(ds, tmp_path):
 
 @pytest.mark.parametrize("policy, nan_iters", [("stop", 1), ("skip", 3)])
 def test_nonfinite_stop_keeps_last_good_checkpoint(ds, tmp_path, policy, nan_iters):
-    with pytest.raises(train.NonFiniteError, match=r"stopping at iter \d+.*last good checkpoint"):
+    with pytest.raises(train.NonFiniteError, match=r"stopping at iter \d+.*the last healthy "
+                                                   r"checkpoint is .*ckpt.pt \(iter 6, val loss"):
         run(ds, tmp_path, max_iters=20, eval_interval=6, nonfinite_policy=policy,
             debug_nan_at_iter=7, debug_nan_iters=nan_iters, max_nonfinite=3)
     ck = torch.load(tmp_path / "ckpt.pt", weights_only=False)
@@ -515,3 +566,281 @@ def test_wandb_never_online_by_default(ds, tmp_path, mode):
     run(ds, tmp_path, max_iters=2, wandb_log=True, wandb_mode=mode)
     runs = list((tmp_path / "wandb").glob("offline-run-*")) if (tmp_path / "wandb").exists() else []
     assert len(runs) == (mode == "offline")
+
+# -----------------------------------------------------------------------------
+# a run owns its out_dir
+
+def copy_run(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+def test_scratch_run_refuses_an_out_dir_holding_a_run(ds, trained, tmp_path):
+    out = copy_run(trained, tmp_path / "o")
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    with pytest.raises(train.ConfigError, match=r"holds a run \(ckpt.pt, ckpt_prev.pt, "
+                                                r"ckpt_best.pt, log.jsonl\).*--init_from=resume.*"
+                                                r"--overwrite=True.*another --out_dir"):
+        run(ds, out, learning_rate=1e-3, max_iters=2)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    run(ds, out, learning_rate=1e-3, max_iters=2, eval_interval=2, overwrite=True)
+    assert [r["iter"] for r in read_log(str(out))] == [0, 1]   # the new run's log alone
+    assert not (out / "ckpt_prev.pt").exists() and not (out / "lock").exists()
+
+def test_scratch_run_over_a_log_without_checkpoint_keeps_it_aside(ds, tmp_path):
+    """A run killed before its first checkpoint left only log.jsonl: nothing to resume, so a
+    scratch run (e.g. an ablation arm started again) begins afresh and keeps the old log."""
+    (tmp_path / "log.jsonl").write_text(json.dumps(dict(type="eval", iter=0, val_loss=3.0)) + "\n")
+    run(ds, tmp_path, max_iters=2, eval_interval=2)
+    assert [r["iter"] for r in read_log(str(tmp_path), "eval")] == [0, 2]
+    assert (tmp_path / "log_prev.jsonl").read_text().startswith('{"type": "eval", "iter": 0')
+
+def test_second_live_run_into_one_out_dir_is_refused(ds, tmp_path):
+    import checkpoint
+    lock = checkpoint.lock_out_dir(str(tmp_path))
+    try:
+        with pytest.raises(train.ConfigError, match=rf"out_dir {tmp_path} is in use by a live run "
+                                                    rf"\(pid {os.getpid()}\)"):
+            run(ds, tmp_path, max_iters=2)
+    finally:
+        checkpoint.unlock_out_dir(lock, str(tmp_path))
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(train.ConfigError, match="unknown dataset"):   # a run that writes nothing
+        run(os.path.join(os.path.dirname(ds), "nope"), tmp_path / "a" / "b", max_iters=1)
+    assert os.listdir(tmp_path) == []   # leaves no folder behind
+
+def test_two_runs_started_together_one_refused(ds, tmp_path):
+    args = [PY, "train.py"] + tiny_args(ds, str(tmp_path / "o"), max_iters=30, eval_interval=10)
+    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    errs = " ".join(err for _, err in outs)
+    assert codes == [0, 1], outs
+    assert "is in use by a live run" in errs or "holds a run" in errs, errs
+    assert [r["iter"] for r in read_log(str(tmp_path / "o"))] == list(range(30))
+
+def test_stale_lock_of_a_killed_run_is_taken_over(ds, tmp_path, capsys):
+    tmp_path.joinpath("lock").write_text("999999\n")   # a lock file nobody holds
+    run(ds, tmp_path, max_iters=2, eval_interval=2)
+    assert "lock was left by pid 999999, which no longer runs" in capsys.readouterr().out
+    assert not (tmp_path / "lock").exists() and (tmp_path / "ckpt.pt").exists()
+
+def test_unwritable_out_dir_is_refused_before_training(ds, tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(train.ConfigError, match=r"cannot write into out_dir .*file/o .*writable"):
+        run(ds, tmp_path / "file" / "o", max_iters=2)
+
+def test_fork_resumes_another_runs_checkpoint_into_a_new_out_dir(ds, trained, tmp_path):
+    """How the ablation forks its cooldowns: --init_from=resume --resume_from=OTHER/ckpt.pt
+    --out_dir=NEW; the source run is left as it was."""
+    src = copy_run(trained, tmp_path / "src")
+    before = {f: (src / f).read_bytes() for f in os.listdir(src)}
+    fork = tmp_path / "fork"
+    run(ds, fork, init_from="resume", resume_from=str(src / "ckpt.pt"), max_iters=6, eval_interval=2)
+    assert {f: (src / f).read_bytes() for f in os.listdir(src)} == before
+    assert [r["iter"] for r in read_log(str(fork))] == [4, 5]
+    assert torch.load(fork / "ckpt.pt", weights_only=True)["iter_num"] == 6
+    run(ds, fork, init_from="resume", max_iters=7, eval_interval=2)   # the fork continues itself
+    assert [r["iter"] for r in read_log(str(fork))] == [4, 5, 6]
+    with pytest.raises(train.ConfigError, match=r"holds another run .*would replace its checkpoints"):
+        run(ds, fork, init_from="resume", resume_from=str(src / "ckpt.pt"), max_iters=8)
+
+# -----------------------------------------------------------------------------
+# a checkpoint is only replaced by a healthy one
+
+def test_nonfinite_streak_never_replaces_the_good_checkpoint(ds, trained, tmp_path, capsys):
+    out = copy_run(trained, tmp_path / "o")
+    good = (out / "ckpt.pt").read_bytes()
+    with pytest.raises(train.NonFiniteError, match=r"ended inside a streak of 3 non-finite "
+                                                   r"step\(s\).*last healthy checkpoint is "
+                                                   r".*ckpt.pt \(iter 4, val loss"):
+        run(ds, out, init_from="resume", max_iters=8, eval_interval=2, debug_nan_at_iter=5,
+            debug_nan_iters=3, max_nonfinite=10)
+    assert "not saving at iter 6: it is inside a streak of 1 non-finite step" in capsys.readouterr().out
+    assert (out / "ckpt.pt").read_bytes() == good
+
+def test_diverging_learning_rate_keeps_the_good_checkpoint(ds, trained, tmp_path):
+    out = copy_run(trained, tmp_path / "o")
+    good = (out / "ckpt.pt").read_bytes()
+    with pytest.raises(train.NonFiniteError, match=r"non-finite step.*ckpt.pt \(iter 4"):
+        run(ds, out, init_from="resume", max_iters=30, eval_interval=2, learning_rate=1e6,
+            warmup_iters=0)
+    assert (out / "ckpt.pt").read_bytes() == good
+
+def fake_evals(monkeypatch, val_losses):
+    vals = iter(val_losses)
+    def estimate(run):
+        v = next(vals)
+        return {"train": v, "val": v}
+    monkeypatch.setattr(train, "estimate_loss", estimate)
+
+def test_nonfinite_eval_loss_is_not_saved(ds, tmp_path, monkeypatch, capsys):
+    fake_evals(monkeypatch, [3.0, float("nan")])
+    run(ds, tmp_path, max_iters=2, eval_interval=2)
+    assert "not saving at iter 2: its val loss is nan" in capsys.readouterr().out
+    assert not (tmp_path / "ckpt.pt").exists()
+
+def test_best_checkpoint_is_kept_apart_from_the_latest(ds, tmp_path, monkeypatch):
+    fake_evals(monkeypatch, [3.0, 2.5, 2.0, 2.7, 2.9])
+    run(ds, tmp_path, max_iters=8, eval_interval=2)
+    best = torch.load(tmp_path / "ckpt_best.pt", weights_only=True)
+    latest = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert (best["iter_num"], best["val_loss"]) == (4, 2.0)
+    assert (latest["iter_num"], latest["val_loss"], latest["best_val_loss"]) == (8, 2.9, 2.0)
+
+def test_following_the_recovery_hint_keeps_the_backup(ds, trained, tmp_path):
+    """A truncated ckpt.pt: the error names ckpt_prev.pt; resuming from it must not rotate the
+    damaged file over it at the first save."""
+    out = copy_run(trained, tmp_path / "o")
+    with open(out / "ckpt.pt", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(train.CheckpointError, match="truncated or corrupt.*readable: "
+                                                    "--resume_from=.*ckpt_prev.pt") as e:
+        run(ds, out, init_from="resume", max_iters=6)
+    prev = str(e.value).split("--resume_from=")[1].split(",")[0]
+    run(ds, out, init_from="resume", resume_from=prev, max_iters=4, eval_interval=2)
+    assert train.load_checkpoint(str(out / "ckpt_prev.pt"))[0]["iter_num"] == 2
+    assert train.load_checkpoint(str(out / "ckpt.pt"))[0]["iter_num"] == 4
+
+def test_flipped_byte_in_a_checkpoint_is_refused(ds, trained, tmp_path):
+    out = copy_run(trained, tmp_path / "o")
+    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    weight = ck["model"]["lm_head.weight"] if "lm_head.weight" in ck["model"] else \
+        next(iter(ck["model"].values()))
+    blob = bytearray((out / "ckpt.pt").read_bytes())
+    at = blob.index(weight.numpy().tobytes()[:64])
+    blob[at + 3] ^= 0x20
+    (out / "ckpt.pt").write_bytes(bytes(blob))
+    with pytest.raises(train.CheckpointError, match="do not match its checksum.*--resume_from="):
+        run(ds, out, init_from="resume", max_iters=6)
+
+def test_dry_run_with_resume_leaves_the_log_untouched(ds, trained, tmp_path):
+    out = copy_run(trained, tmp_path / "o")
+    with open(out / "log.jsonl", "a") as f:   # records after the checkpoint, as after a kill
+        f.write(json.dumps(dict(type="train", iter=9, loss=1.0)) + "\n")
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    run(ds, out, init_from="resume", max_iters=6, dry_run=True)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+
+def test_eval_only_writes_nothing_and_works_beside_a_live_run(ds, trained, tmp_path, capsys):
+    import checkpoint
+    out = copy_run(trained, tmp_path / "o")
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    lock = checkpoint.lock_out_dir(str(out))   # a run still training there
+    try:
+        val = run(ds, out, init_from="resume", resume_from=str(out / "ckpt_prev.pt"), eval_only=True)
+    finally:
+        checkpoint.unlock_out_dir(lock, str(out))
+    assert f"val loss {val:.4f}" in capsys.readouterr().out
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+
+def test_grad_norm_nan_is_named_as_such(ds, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, clip: torch.tensor(float("nan")))
+    with pytest.raises(train.NonFiniteError):
+        run(ds, tmp_path, max_iters=4, max_nonfinite=2)
+    assert re.search(r"iter 0: non-finite grad norm nan \(loss \d\.\d{4}\)", capsys.readouterr().out)
+
+# -----------------------------------------------------------------------------
+# the data cache knows what it was built from
+
+def test_changed_input_file_rebuilds_the_dataset(tmp_path, capsys):
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    folder = str(tmp_path / "data" / "mine")
+    first = train.main(tiny_args(folder, str(tmp_path / "a"), dataset_input=str(text), dry_run=True))
+    text.write_text("Now is the winter of our discontent made glorious summer.\n" * 200)
+    second = train.main(tiny_args(folder, str(tmp_path / "b"), dataset_input=str(text), dry_run=True))
+    assert "built from other files or another tokenizer" in capsys.readouterr().out
+    assert first != second
+    meta = json.load(open(os.path.join(folder, "meta.json")))
+    assert meta["inputs"][0]["sha256"] == train.sha256_file(str(text))
+
+def test_changed_tokenizer_rebuilds_the_dataset(tmp_path):
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be.\n" * 100)
+    folder = str(tmp_path / "mine")
+    import data.prepare
+    data.prepare.prepare([str(text)], folder, "char")
+    c = train.SimpleNamespace(dataset_input=str(text), dataset_tokenizer="char", dataset="mine")
+    assert train.dataset_needs_build(c, folder) == ""
+    c.dataset_tokenizer = "gpt2"
+    assert "another tokenizer (char)" in train.dataset_needs_build(c, folder)
+
+def test_empty_input_file_is_an_error_and_leaves_no_dataset(tmp_path):
+    text = tmp_path / "input.txt"
+    text.write_text("")
+    folder = str(tmp_path / "data" / "mine")
+    with pytest.raises(train.ConfigError, match=r"input file .*input.txt' is empty"):
+        train.main(tiny_args(folder, str(tmp_path / "o"), dataset_input=str(text), dry_run=True))
+    assert not os.path.exists(os.path.join(folder, "meta.json"))
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    train.main(tiny_args(folder, str(tmp_path / "o"), dataset_input=str(text), dry_run=True))
+
+@pytest.mark.parametrize("content, msg", [(None, r"dataset_input file .*nothing.txt' not found"),
+                                          (b"\x89PNG\r\n\x1a\n\x00\x00\xff", "not UTF-8 text")])
+def test_missing_or_binary_input_file_is_one_line(tmp_path, content, msg):
+    path = tmp_path / "nothing.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(train.ConfigError, match=msg):
+        train.main(tiny_args(str(tmp_path / "data" / "x"), str(tmp_path / "o"),
+                             dataset_input=str(path), dry_run=True))
+
+def test_damaged_meta_json_is_one_line(ds, tmp_path):
+    bad = make_char_dataset(str(tmp_path / "bad"))
+    with open(os.path.join(bad, "meta.json"), "w") as f:
+        f.write('{"tokenizer": "char", "voc')
+    with pytest.raises(train.ConfigError, match=r"meta.json is damaged .*delete .*bad and prepare"):
+        run(bad, tmp_path / "o", max_iters=1, dry_run=True)
+
+def test_unknown_dataset_is_one_line(ds, tmp_path):
+    with pytest.raises(train.ConfigError, match=r"unknown dataset 'nope'.*shakespeare_char.*"
+                                                r"--dataset_input=FILE"):
+        train.main(tiny_args(os.path.join(os.path.dirname(ds), "nope"), str(tmp_path), max_iters=1))
+
+# -----------------------------------------------------------------------------
+# every config value in range before anything starts
+
+@pytest.mark.parametrize("arg, msg", [
+    ("--learning_rate=-1", r"learning_rate=-1.0 is out of range: it must be > 0"),
+    ("--learning_rate=1e39", r"learning_rate=1e\+39 is out of range.*float32"),
+    ("--learning_rate=1e999", r"learning_rate=inf must be a finite number"),
+    ("--beta2=1.5", r"beta2=1.5 is out of range: it must be in \[0, 1\)"),
+    ("--eval_interval=0", r"eval_interval=0 is out of range"),
+    ("--log_interval=0", r"log_interval=0 is out of range"),
+    ("--eval_iters=0", r"eval_iters=0 is out of range"),
+    ("--gradient_accumulation_steps=0", r"gradient_accumulation_steps=0 is out of range"),
+    ("--batch_size=0", r"batch_size=0 is out of range"),
+    ("--grad_clip=-1", r"grad_clip=-1.0 is out of range: it must be >= 0 \(0 = no clipping\)"),
+    ("--warmup_iters=-1", r"warmup_iters=-1 is out of range"),
+    ("--max_iters=-1", r"max_iters=-1 is out of range"),
+    ("--seed=-1", r"seed=-1 is out of range"),
+    ("--recipe_bf16_last=7", r"recipe_bf16_last=7 is more blocks than n_layer=6"),
+    ("--backend=triton", r"backend='triton' runs the Triton kernels on a CUDA GPU"),
+    ("--out_dir=", r"out_dir is empty"),
+    ("--out_dir=out/{recpe}", r"out_dir='out/\{recpe\}' is not a template of config keys"),
+    ("--device=cuda", r"device='cuda', but this machine has no CUDA GPU.*--device=cpu"),
+    ("--device=tpu", r"device='tpu'"),
+])
+def test_out_of_range_config_is_refused(arg, msg):
+    if "cuda" in arg or "triton" in arg:
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+    with pytest.raises(train.ConfigError, match=msg):
+        train.get_config([arg])
+
+@pytest.mark.parametrize("args, msg", [
+    (["--learning_rate=-1"], "error: learning_rate=-1.0 is out of range"),
+    (["--seed=-1"], "error: seed=-1 is out of range"),
+])
+def test_bad_input_is_one_line_and_exit_1(tmp_path, args, msg):
+    p = subprocess.run([PY, "train.py"] + args, cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 1 and p.stderr.startswith(msg), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+def test_data_script_bad_input_is_one_line(tmp_path):
+    p = subprocess.run([PY, "data/prepare.py", "--input", str(tmp_path / "missing.txt"), "--out",
+                        str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 1 and p.stderr.strip() == \
+        f"error: input file '{tmp_path / 'missing.txt'}' not found", p.stderr

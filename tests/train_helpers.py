@@ -91,4 +91,4 @@ if __name__ == "__main__":
     import train
     data.loader.BinLoader = GlobalBatchLoader
     train.main(sys.argv[1:])
-    train._exit(0)  # as train.py's own __main__: no interpreter finalization under DDP (issue 8)
+    train._exit(0)  # as train.py's own __main__: no interpreter finalization under DDP

