@@ -257,9 +257,10 @@ def model_config(cfg, vocab):
 def set_sr_bits(bits):
     """The random bits per stochastic-rounding draw of the Triton kernels (the torch reference
     draws fp32 uniforms); also puts back 8 after an earlier run's 16 in this process."""
-    if bits != 8 or "kernels" in sys.modules:
-        import kernels
-        kernels.SR_BITS = bits
+    try:
+        fp4.set_sr_bits(bits)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 # -----------------------------------------------------------------------------
 # learning rate schedule

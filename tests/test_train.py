@@ -213,6 +213,15 @@ def test_sr_bits_sets_the_kernels_draw(ds, tmp_path, kernels_at_8_bits):
     run(ds, tmp_path / "o", dry_run=True, recipe="ufp4")  # a later run in the same process: 8 again
     assert kernels.SR_BITS == 8
 
+
+def test_sr_bits_goes_through_fp4(ds, tmp_path, monkeypatch):
+    """fp4.set_sr_bits owns the check and the kernels' value: train.py sets nothing itself."""
+    import fp4
+    calls = []
+    monkeypatch.setattr(fp4, "set_sr_bits", calls.append)
+    run(ds, tmp_path / "o", dry_run=True, recipe="ufp4", sr_bits=16)
+    assert calls == [16]
+
 # -----------------------------------------------------------------------------
 # resume and DDP
 
