@@ -5,14 +5,18 @@ train.py: train a GPT or MoE with a 4-bit (FP4) recipe, on one CPU/GPU or severa
     python train.py configs/moe_ufp4.py --recipe=e2m1 --max_iters=100
     torchrun --standalone --nproc_per_node=8 train.py configs/gpu/gpt2_small_ufp4.py
     python train.py configs/moe_ufp4.py --init_from=resume       # continue from out_dir/ckpt.pt
+    python train.py --init_from=hf:DIR --dataset=... --recipe=ufp4  # fine-tune a HF Llama/GPT-2
+    torchrun --standalone --nproc_per_node=8 train.py CONFIG --fsdp=True  # FSDP2-sharded
     python train.py --help                                       # every config key
 
 Config: the defaults below, then config files (plain Python that assigns some of these names),
 then --key=value (checked against the default's type and range before anything starts).
 
 Outputs in out_dir, by rank 0 alone: ckpt.pt (the latest healthy checkpoint, written atomically;
-the one before is kept as ckpt_prev.pt), ckpt_best.pt (the lowest val loss), log.jsonl (one JSON
-record per logged step and per eval) and, while the run lives, `lock`. A run owns its out_dir: a
+the one before is kept as ckpt_prev.pt), ckpt_best.pt (the lowest val loss), model.safetensors
+(ckpt.pt's weights alone, for hf.py and other frameworks), log.jsonl (one JSON record per logged
+step and per eval), log.png (plot.py's picture of it, at the end) and, while the run lives,
+`lock`. A run owns its out_dir: a
 scratch run into a folder that holds a run stops (--overwrite=True replaces it), and so does a
 second live run. No checkpoint is written from a non-finite val loss or inside a streak of
 non-finite steps (see checkpoint.py for the checksum and the rotation).
@@ -21,6 +25,11 @@ A checkpoint resumes on any number of processes; on the same number it continues
 data and RNG streams exactly, on another number the data order changes (ranks that existed
 continue theirs, new ranks start new ones). `--init_from=resume --resume_from=OTHER/ckpt.pt
 --out_dir=NEW` forks another run's checkpoint into a new folder, leaving that run as it was.
+
+Several processes keep a full copy of the model each and all-reduce one flat gradient buffer; with
+fsdp=True (parallel.py) each block's weights, gradients and AdamW states are sharded instead (the
+same steps; one process works too, e.g. to compare). Checkpoints hold full tensors either way, so
+a run resumes with or without fsdp.
 
 Tokens per micro-step (batch_size * block_size) need not be a multiple of the FP4 Wgrad block
 (16 or 32): fp4.py pads the token dimension with zero rows, which add nothing to dW.
@@ -44,7 +53,9 @@ import data
 import data.loader
 import data.prepare
 import fp4
-from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, CheckpointError,
+import hf
+import parallel
+from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, WEIGHTS, CheckpointError,
                         claim_out_dir, load_checkpoint, lock_out_dir, make_recipe_from,
                         remove_run_files, rng_state, save_checkpoint, set_rng_state,
                         unlock_out_dir)
@@ -57,7 +68,7 @@ from model import GPT, GPTConfig
 # default config values
 # I/O
 out_dir = "out"              # may name other keys: "out/moe_{recipe}"
-init_from = "scratch"        # "scratch" or "resume" (from resume_from, default out_dir/ckpt.pt)
+init_from = "scratch"        # "scratch", "resume" (resume_from) or "hf:DIR" (a local HF Llama/GPT-2 model)
 resume_from = ""             # the checkpoint to resume from ("" = out_dir/ckpt.pt)
 eval_interval = 250          # eval + checkpoint every this many iterations
 eval_iters = 50              # batches per split per eval
@@ -141,13 +152,15 @@ debug_nan_iters = 1          # ... and the next ones, this many in all
 debug_fail_rank = -1         # test hook: raise an exception on this rank...
 debug_fail_at_iter = -1      # ... at this iteration
 dist_timeout_s = 600         # DDP: a collective waiting longer than this fails instead of hanging
+fsdp = False                 # FSDP2: shard weights, grads, AdamW states per block (not one copy each)
+plot = True                  # write out_dir/log.png from log.jsonl at the end of a run
 # -----------------------------------------------------------------------------
 DEFAULTS = defaults_of(globals())
 # keys whose default is None: the type a value must have otherwise
 NULLABLE = dict(recipe_format=str, recipe_rht=str,
                 recipe_sr_dy=bool, recipe_rht_size=int, recipe_weight_2d=bool,
                 recipe_bf16_first=int, recipe_bf16_last=int)
-CHOICES = dict(init_from=("scratch", "resume"), wandb_mode=("offline", "online", "disabled"),
+CHOICES = dict(wandb_mode=("", "offline", "online", "disabled"),
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
                router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"), sr_bits=(8, 16),
                lr_schedule=("cosine", "wsd", "constant"), dtype=("auto", "bfloat16", "float32"),
@@ -206,7 +219,18 @@ def check_config(cfg):
     if cfg["backend"] == "triton" and not cuda:
         raise ConfigError("backend='triton' runs the Triton kernels on a CUDA GPU, and this run "
                           "is on the CPU: use backend='auto' or 'torch'")
+    init = cfg["init_from"]
+    if init not in ("scratch", "resume") and not (init.startswith("hf:") and init[3:]):
+        raise ConfigError(f"init_from={init!r}: use 'scratch', 'resume' or 'hf:DIR' (a local "
+                          f"Hugging Face model directory)")
+    if init.startswith("hf:") and not os.path.isfile(os.path.join(init[3:], "config.json")):
+        raise ConfigError(f"init_from={init!r}: {init[3:]} holds no config.json: name a local "
+                          f"Hugging Face model directory")
     make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
+    if cfg["fsdp"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
+        raise ConfigError(f"fsdp=True does not run under CUDA graphs (compile_mode="
+                          f"{cfg['compile_mode']!r}): FSDP2 gathers and frees weights in hooks "
+                          f"that a replayed graph skips; use compile_mode='default'")
     if cfg["telemetry_interval"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
         raise ConfigError(f"telemetry_interval needs the layers' Python to run in every step, "
                           f"which a replayed CUDA graph (compile_mode={cfg['compile_mode']!r}) "
@@ -242,9 +266,12 @@ def configure(argv):
     return cfg, (ckpt, src)
 
 
-def model_config(cfg, vocab):
-    """GPTConfig from the config's model keys (those the config lacks keep the model's default)."""
+def model_config(cfg, vocab, fixed=None):
+    """GPTConfig from the config's model keys (those the config lacks keep the model's default);
+    `fixed`: model args that win over the config (a Hugging Face directory's, or a checkpoint's
+    args that are no config key, e.g. rope_theta)."""
     args = {k: cfg[k] for k in MODEL_KEYS if cfg.get(k) is not None}
+    args.update(fixed or {})
     args["vocab_size"] = cfg["vocab_size"] or vocab
     if args["vocab_size"] < vocab:
         raise ConfigError(f"vocab_size={args['vocab_size']} is smaller than the dataset's {vocab}")
@@ -298,6 +325,7 @@ class Run:
         self.writes = not (self.c.dry_run or self.c.eval_only)   # into out_dir
         self.healthy = None   # (path, iter, val loss) of the last checkpoint known good
         self.resumed = None   # (checkpoint, its path) to resume from, until resume() takes it
+        self.ddp = self.own_group = False
 
     def log(self, *msg):
         if self.master:
@@ -319,7 +347,7 @@ class Run:
             self.wandb.finish()
         if self.lock:
             unlock_out_dir(self.lock, self.c.out_dir)
-        if self.ddp:
+        if self.ddp or self.own_group:
             torch.distributed.destroy_process_group()
 
     def all_reduce_mean(self, t):   # gloo has no ReduceOp.AVG
@@ -346,6 +374,11 @@ def setup_processes(run):
         torch.distributed.init_process_group(
             "nccl" if c.device.startswith("cuda") else "gloo",
             timeout=datetime.timedelta(seconds=c.dist_timeout_s))
+    elif c.fsdp:   # one process without torchrun: FSDP2 still needs a (one-rank) process group
+        torch.distributed.init_process_group(
+            "nccl" if c.device.startswith("cuda") else "gloo", store=torch.distributed.HashStore(),
+            rank=0, world_size=1)
+        run.own_group = True
     run.accum = c.gradient_accumulation_steps // run.world
     run.device_type = "cuda" if c.device.startswith("cuda") else "cpu"
     if c.dtype == "auto":
@@ -364,7 +397,8 @@ def take_out_dir(run):
         return
     if run.writes:
         run.lock = lock_out_dir(c.out_dir)
-    replaced, aside = claim_out_dir(c.out_dir, c.init_from, c.resume_from, c.overwrite)
+    replaced, aside = claim_out_dir(c.out_dir, "resume" if c.init_from == "resume" else "scratch",
+                                    c.resume_from, c.overwrite)
     if not run.writes:
         return
     if replaced:
@@ -464,10 +498,17 @@ def make_loader(run, split, seed):
 
 
 def setup_model(run):
-    """fp32 master weights in the recipe's linears, and AdamW; the same init on every rank."""
+    """fp32 master weights in the recipe's linears (a Hugging Face model's with init_from=hf:DIR),
+    sharded under fsdp, and AdamW; the same init on every rank."""
     c = run.c
     run.recipe = make_recipe_from(run.cfg)
-    run.margs = model_config(run.cfg, run.meta["vocab_size"])
+    fixed, weights = None, None
+    if c.init_from.startswith("hf:"):
+        fixed, weights = import_hf(run)
+    elif run.resumed:   # model args that no config key holds come from the checkpoint
+        fixed = {k: v for k, v in run.resumed[0]["model_args"].items()
+                 if k in MODEL_KEYS and k not in DEFAULTS}
+    run.margs = model_config(run.cfg, run.meta["vocab_size"], fixed)
     random.seed(c.seed)
     np.random.seed(c.seed)
     torch.manual_seed(c.seed)
@@ -475,7 +516,11 @@ def setup_model(run):
         run.raw_model = fp4.convert(GPT(run.margs), run.recipe)
     except ValueError as e:
         raise ConfigError(f"the model does not fit recipe {run.recipe.name!r}: {e}") from None
+    if weights is not None:
+        run.raw_model.load_state_dict(weights)
     run.raw_model.to(c.device)
+    if c.fsdp:   # before the optimizer, which must hold the sharded parameters
+        parallel.shard_model(run.raw_model)
     run.optimizer = run.raw_model.configure_optimizers(c.weight_decay, c.learning_rate,
                                                        (c.beta1, c.beta2), run.device_type)
     if run.ddp:   # same init everywhere; dropout and SR draw per-process streams from here on
@@ -483,6 +528,27 @@ def setup_model(run):
     if (c.batch_size * c.block_size) % 32 and run.recipe.quantized:
         run.log(f"note: {c.batch_size * c.block_size} tokens per micro-step are not a multiple of "
                 f"the Wgrad block: fp4 pads them with zero rows")
+
+
+def import_hf(run):
+    """(model args, state dict) of init_from's Hugging Face directory; the config's model keys
+    become the directory's (said when they differ), so the checkpoints' config describes the
+    model they hold."""
+    c, src = run.c, run.c.init_from[3:]
+    try:
+        args, weights = hf.load_hf(src, block_size=c.block_size)
+    except hf.HFError as e:
+        raise ConfigError(f"init_from={c.init_from!r}: {e}") from None
+    if args["vocab_size"] < run.meta["vocab_size"]:
+        raise ConfigError(f"init_from={c.init_from!r}: the model's vocab_size "
+                          f"{args['vocab_size']} is smaller than the dataset's "
+                          f"{run.meta['vocab_size']}: use a dataset of its tokenizer")
+    taken = {k: v for k, v in args.items() if k in DEFAULTS and run.cfg[k] != v}
+    run.cfg.update(taken)
+    vars(run.c).update(taken)
+    if taken:
+        run.log(f"from {src}: " + ", ".join(f"{k}={v!r}" for k, v in taken.items()))
+    return args, weights
 
 
 def compile_model(run):
@@ -497,8 +563,9 @@ def compile_model(run):
     # hooks would run inside replayed graphs; the price is no overlap of that call with the
     # last backward, small next to a step of several micro-steps). A parameter with no
     # gradient in a step then gets AdamW's update of a zero grad; every parameter here gets one.
-    run.flat_grad = flat_grads(run.raw_model) if run.graphs or run.ddp else None
-    if run.ddp:   # rank 0's weights everywhere, whatever each process drew or loaded
+    # FSDP2 reduce-scatters each block's gradients itself, into sharded grads.
+    run.flat_grad = flat_grads(run.raw_model) if (run.graphs or run.ddp) and not c.fsdp else None
+    if run.ddp and not c.fsdp:   # rank 0's weights everywhere, whatever each process drew or loaded
         for t in list(run.raw_model.parameters()) + list(run.raw_model.buffers()):
             torch.distributed.broadcast(t.data, 0)
 
@@ -539,8 +606,7 @@ def resume(run):
     (ckpt, src), run.resumed = run.resumed, None
     check_compatible(ckpt, src, run.margs)
     try:
-        run.raw_model.load_state_dict(ckpt["model"])
-        run.optimizer.load_state_dict(ckpt["optimizer"])
+        load_states(run, ckpt)
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{src} does not fit this model/optimizer: {e}") from e
     run.iter_num, run.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
@@ -557,6 +623,19 @@ def resume(run):
     run.log(f"resumed from {src} at iter {run.iter_num} (best val loss {run.best_val_loss:.4f})")
     if run.master and run.writes:
         trim_log(os.path.join(c.out_dir, LOG), run.iter_num)
+
+
+def load_states(run, ckpt):
+    """The checkpoint's weights and AdamW states, full tensors, into a plain or sharded model.
+    A checkpoint of an fsdp run keys its optimizer state by parameter name, a plain run's by
+    position: either loads into either."""
+    positional = all(isinstance(p, int) for g in ckpt["optimizer"]["param_groups"]
+                     for p in g["params"])
+    if run.c.fsdp or not positional:
+        parallel.load_full_state(run.raw_model, run.optimizer, ckpt["model"], ckpt["optimizer"])
+    else:
+        run.raw_model.load_state_dict(ckpt["model"])
+        run.optimizer.load_state_dict(ckpt["optimizer"])
 
 
 def resume_streams(run, ckpt, src):
@@ -595,17 +674,13 @@ def trim_log(path, iter_num):
     os.replace(path + ".tmp", path)
 
 
-def all_finite(module):
-    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
-
-
 def unhealthy(run, val_loss):
     """Why the model now must not replace a checkpoint, or "" when it may."""
     if not math.isfinite(val_loss):
         return f"its val loss is {val_loss}"
     if run.bad_in_row:
         return f"it is inside a streak of {run.bad_in_row} non-finite step(s)"
-    if not all_finite(run.raw_model):
+    if not parallel.all_finite(run.raw_model):   # a collective when sharded
         return "its weights are not finite"
     return ""
 
@@ -636,14 +711,23 @@ def save(run, val_loss, best):
         torch.distributed.all_gather_object(gathered, states)
     else:
         gathered = [states]
+    if run.c.fsdp:   # collectives: every rank gathers, rank 0 receives the full tensors
+        model_sd = parallel.full_state_dict(run.raw_model)
+        optim_sd = parallel.full_optimizer_state_dict(run.raw_model, run.optimizer)
+    else:
+        model_sd, optim_sd = run.raw_model.state_dict(), run.optimizer.state_dict()
     if run.master:
         save_checkpoint(dict(
-            model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),
+            model=model_sd, optimizer=optim_sd,
             iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg,
             model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
             recipe_spec=repr(run.recipe), meta=run.meta, n_nonfinite=run.n_nonfinite,
             world_size=run.world, rng=[g["rng"] for g in gathered],
             loader=[g["loader"] for g in gathered], val_loss=val_loss), run.ckpt_path, best=best)
+        # the weights alone, readable by any framework without running code (hf.py exports them)
+        hf.save_weights(model_sd, os.path.join(run.c.out_dir, WEIGHTS), metadata=dict(
+            model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
+            iter_num=run.iter_num, meta=run.meta))
         run.log(f"saved checkpoint {run.ckpt_path} at iter {run.iter_num}"
                 + (f" (and {BEST}: best val loss)" if best else ""))
     run.healthy = (run.ckpt_path, run.iter_num, val_loss)
@@ -710,6 +794,7 @@ def forward_backward(run):
         (loss / run.accum).backward()
     if run.ddp:
         run.all_reduce_mean(loss_sum)
+    if run.ddp and run.flat_grad is not None:   # (FSDP2 has reduce-scattered its gradients)
         run.all_reduce_mean(run.flat_grad)
     return loss_sum.item() / run.accum
 
@@ -723,8 +808,8 @@ def train_step(run, lr):
     probing = c.telemetry_interval and run.iter_num % c.telemetry_interval == 0 and run.master
     with fp4.probe_alphas() if probing else contextlib.nullcontext() as alphas:
         loss = forward_backward(run)
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        run.raw_model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf")).item()
+    grad_norm = parallel.clip_grad_norm(
+        run.raw_model, c.grad_clip if c.grad_clip > 0 else float("inf")).item()
     if math.isfinite(loss) and math.isfinite(grad_norm):
         run.optimizer.step()
         if hasattr(run.raw_model, "update_router_bias"):
@@ -830,7 +915,7 @@ def train(run):
     t_start = t0
     while run.iter_num < c.max_iters:
         if run.iter_num % c.eval_interval == 0 and not c.dry_run and (
-                run.iter_num > run.start_iter or c.init_from == "scratch"):
+                run.iter_num > run.start_iter or c.init_from != "resume"):
             evaluate(run)
             t0 = time.time()   # step timings leave the eval out
         lr = get_lr(run.iter_num, c)
@@ -852,9 +937,21 @@ def train(run):
     if run.bad_in_row:
         raise NonFiniteError(f"the run ended inside a streak of {run.bad_in_row} non-finite "
                              f"step(s), so its end was not saved; {describe_healthy(run)}")
-    if c.final_sample_tokens and run.master:
+    if c.final_sample_tokens and (run.master or c.fsdp):   # FSDP2: every rank joins the forwards
         final_sample(run)
+    if c.plot and run.master:
+        plot_log(run)
     return last.get("loss")
+
+
+def plot_log(run):
+    """out_dir/log.png from log.jsonl (plot.py); a picture that fails is a warning, never a
+    failed run."""
+    try:
+        import plot
+        run.log(f"plot: {plot.plot_run(run.c.out_dir)}")
+    except Exception as e:   # matplotlib missing, an unwritable file, a log with nothing to plot
+        run.log(f"warning: no plot of {run.c.out_dir}: {type(e).__name__}: {e}")
 
 
 def main(argv=None):

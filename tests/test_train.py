@@ -61,6 +61,9 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--max_iters", "expected --key=value"),
     ("--compile_mode=fast", "'compile_mode' .* must be one of"),
     ("--sr_bits=12", "'sr_bits' .* must be one of \\(8, 16\\)"),
+    ("--init_from=pretrained", "init_from='pretrained': use 'scratch', 'resume' or 'hf:DIR'"),
+    ("--init_from=hf:", "init_from='hf:': use"),
+    ("--init_from=hf:no/such/dir", "no/such/dir holds no config.json"),
 ])
 def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
@@ -328,9 +331,10 @@ def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
     run(ds, tmp_path / "one", batch_size=8, **kw)
     outs = _wait_ddp(_launch_ddp(ds, tmp_path / "two", batch_size=4, gradient_accumulation_steps=2,
                                  **kw))
-    # rank 0 alone writes and prints: one log, one checkpoint (and its predecessor)
+    # rank 0 alone writes and prints: one log and its picture, one checkpoint (and its
+    # predecessor), the weights as safetensors
     assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt", "ckpt_best.pt", "ckpt_prev.pt",
-                                                     "log.jsonl"]
+                                                     "log.jsonl", "log.png", "model.safetensors"]
     assert "iter 0" in outs[0] and outs[1].strip() == "", outs[1]
     a, b = read_log(str(tmp_path / "one")), read_log(str(tmp_path / "two"))
     assert len(a) == len(b) == 8
@@ -575,6 +579,25 @@ def test_wandb_never_online_by_default(ds, tmp_path, mode):
     run(ds, tmp_path, max_iters=2, wandb_log=True, wandb_mode=mode)
     runs = list((tmp_path / "wandb").glob("offline-run-*")) if (tmp_path / "wandb").exists() else []
     assert len(runs) == (mode == "offline")
+
+
+def test_a_failing_plot_is_a_warning_and_dry_runs_plot_nothing(ds, tmp_path, monkeypatch,
+                                                                capsys):
+    import plot
+    calls = []
+
+    def broken(path):
+        calls.append(path)
+        raise RuntimeError("no display")
+    monkeypatch.setattr(plot, "plot_run", broken)
+    loss = run(ds, tmp_path / "o", max_iters=2, eval_interval=2)
+    assert math.isfinite(loss) and calls == [str(tmp_path / "o")]
+    assert f"warning: no plot of {tmp_path / 'o'}: RuntimeError: no display" in \
+        capsys.readouterr().out
+    run(ds, tmp_path / "d", dry_run=True)
+    run(ds, tmp_path / "o", init_from="resume", eval_only=True)
+    run(ds, tmp_path / "n", max_iters=2, eval_interval=2, plot=False)
+    assert len(calls) == 1
 
 # -----------------------------------------------------------------------------
 # a run owns its out_dir
