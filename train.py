@@ -77,10 +77,10 @@ log_interval = 10            # log the training loss every this many iterations
 always_save_checkpoint = True  # else only when val loss improves
 overwrite = False            # a scratch run may replace the run already in out_dir (its checkpoints, log)
 dry_run = False              # build and check everything, run one step, write nothing
-# wandb (never online unless asked for)
+# wandb (never online unless asked for: by this key or the WANDB_MODE environment variable)
 wandb_log = False            # log to Weights & Biases
-wandb_mode = "offline"       # "offline", "online" or "disabled"
-wandb_project = "nanofp4"    # wandb project name
+wandb_mode = ""              # "" = $WANDB_MODE, else "offline"; or "offline", "online", "disabled"
+wandb_project = ""           # "" = $WANDB_PROJECT, else "nanofp4"
 wandb_run_name = ""          # wandb run name ("" = wandb's own)
 # data
 dataset = "shakespeare_char"  # prepared into data_dir/<dataset> on first use (data.DATASETS)
@@ -337,8 +337,7 @@ class Run:
             self.logf.write(json.dumps(rec) + "\n")
             self.logf.flush()
         if self.wandb:
-            self.wandb.log({k: v for k, v in rec.items() if not isinstance(v, list)},
-                           step=rec["iter"])
+            self.wandb.log(wandb_metrics(rec), step=rec["iter"])
 
     def close(self):
         if self.logf:
@@ -419,9 +418,49 @@ def open_outputs(run):
     run.logf = open(os.path.join(c.out_dir, LOG), "a")
     if c.wandb_log:
         import wandb
-        wandb.init(project=c.wandb_project, name=c.wandb_run_name or None, config=run.cfg,
-                   mode=c.wandb_mode, dir=c.out_dir)
+        wandb.init(**wandb_settings(c, os.environ), name=c.wandb_run_name or None, config=run.cfg,
+                   dir=c.out_dir)
         run.wandb = wandb
+
+
+def wandb_settings(c, env):
+    """wandb.init's project and mode: the config's when given, else the environment's
+    (WANDB_PROJECT, WANDB_MODE, which wandb reads itself when no mode is passed), else
+    "nanofp4" and offline: never online unless asked for."""
+    kw = dict(project=c.wandb_project or env.get("WANDB_PROJECT") or "nanofp4")
+    if c.wandb_mode:
+        kw["mode"] = c.wandb_mode
+    elif not env.get("WANDB_MODE"):
+        kw["mode"] = "offline"
+    return kw
+
+
+WANDB_NAMES = dict(  # log.jsonl's keys -> nanoGPT-style wandb names, per record type
+    train=dict(loss="train/loss", lr="train/lr", grad_norm="train/grad_norm",
+               dt_ms="train/step_ms", tok_per_s="train/tokens_per_s", mfu="train/mfu",
+               elapsed_s="train/elapsed_s", ce_loss="train/ce_loss", aux_loss="train/aux_loss",
+               z_loss="train/z_loss"),
+    eval=dict(train_loss="eval/train_loss", val_loss="val/loss"),
+    nonfinite=dict(loss="nonfinite/loss", grad_norm="nonfinite/grad_norm"))
+
+
+def wandb_metrics(rec):
+    """The numeric metrics of one log record under wandb names: the expert load as its
+    imbalance per MoE layer (the busiest expert's share x n_expert: 1 = balanced), FP4 telemetry
+    as alpha and SQNR per GEMM operand; no strings, no nested lists."""
+    kind, out = rec.get("type"), {}
+    for key, name in WANDB_NAMES.get(kind, {}).items():
+        if isinstance(rec.get(key), (int, float)) and not isinstance(rec[key], bool):
+            out[name] = rec[key]
+    for layer, load in enumerate(rec.get("expert_load") or []):
+        if load:
+            out[f"moe/load_imbalance/layer{layer}"] = max(load) * len(load)
+            out[f"moe/min_load/layer{layer}"] = min(load) * len(load)
+    if kind == "telemetry":
+        for group in ("alpha", "sqnr_db"):
+            out.update({f"fp4/{group}/{op}": v for op, v in rec.get(group, {}).items()
+                        if isinstance(v, (int, float))})
+    return out
 
 # -----------------------------------------------------------------------------
 # data and model
@@ -901,7 +940,12 @@ def final_sample(run):
     run.raw_model.eval()
     with run.ctx:
         out = run.raw_model.generate(x, run.c.final_sample_tokens, temperature=0.8, top_k=200)
-    run.log("sample:\n" + decoder(meta)(out[0].tolist()))
+    text = decoder(meta)(out[0].tolist())
+    run.log("sample:\n" + text)
+    if run.wandb:
+        run.wandb.log({"samples": run.wandb.Table(columns=["iter", "recipe", "text"],
+                                                  data=[[run.iter_num, run.recipe.name, text]])},
+                      step=run.iter_num)
 
 # -----------------------------------------------------------------------------
 # the training loop; a checkpoint is always taken at an iteration boundary

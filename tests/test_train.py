@@ -573,12 +573,75 @@ def test_nonfinite_stop_keeps_last_good_checkpoint(ds, tmp_path, policy, nan_ite
     assert read_log(str(tmp_path))[-1]["iter"] == 7
 
 @pytest.mark.parametrize("mode", ["disabled", "offline"])
-def test_wandb_never_online_by_default(ds, tmp_path, mode):
+def test_wandb_never_online_by_default(ds, tmp_path, mode, monkeypatch):
     pytest.importorskip("wandb")
-    assert train.DEFAULTS["wandb_log"] is False and train.DEFAULTS["wandb_mode"] == "offline"
-    run(ds, tmp_path, max_iters=2, wandb_log=True, wandb_mode=mode)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert train.DEFAULTS["wandb_log"] is False and train.DEFAULTS["wandb_mode"] == ""
+    run(ds, tmp_path, max_iters=2, wandb_log=True, **({} if mode == "offline" else
+                                                      dict(wandb_mode=mode)))
     runs = list((tmp_path / "wandb").glob("offline-run-*")) if (tmp_path / "wandb").exists() else []
     assert len(runs) == (mode == "offline")
+
+
+class FakeWandb:
+    """The parts of the wandb module train.py uses, recording what it is given."""
+
+    def __init__(self):
+        self.inits, self.logs, self.finished = [], [], 0
+
+    def init(self, **kw):
+        self.inits.append(kw)
+
+    def log(self, metrics, step=None):
+        self.logs.append((step, metrics))
+
+    def finish(self):
+        self.finished += 1
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, data
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for var in ("WANDB_MODE", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    return fake
+
+
+@pytest.mark.parametrize("env, given, want", [
+    ({}, {}, dict(project="nanofp4", mode="offline")),            # never online unasked
+    ({"WANDB_MODE": "disabled"}, {}, dict(project="nanofp4")),    # the environment wins...
+    ({"WANDB_MODE": "online", "WANDB_PROJECT": "p"}, {}, dict(project="p")),
+    ({"WANDB_MODE": "online", "WANDB_PROJECT": "p"},              # ... over the defaults only
+     dict(wandb_mode="disabled", wandb_project="q"), dict(project="q", mode="disabled"))])
+def test_wandb_respects_the_environment(ds, tmp_path, fake_wandb, monkeypatch, env, given, want):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    run(ds, tmp_path, max_iters=1, wandb_log=True, **given)
+    (kw,) = fake_wandb.inits
+    assert {k: kw[k] for k in ("project", "mode") if k in kw} == want
+    assert fake_wandb.finished == 1
+
+
+def test_wandb_metrics_are_numeric_and_named_like_nanogpt(ds, tmp_path, fake_wandb):
+    run(ds, tmp_path, max_iters=4, eval_interval=2, wandb_log=True, final_sample_tokens=20,
+        telemetry_interval=2, recipe="ufp4", **MOE)
+    merged = {}
+    for step, metrics in fake_wandb.logs:
+        assert isinstance(step, int)
+        merged.update(metrics)
+    table = merged.pop("samples")
+    assert table.columns == ["iter", "recipe", "text"] and len(table.data[0][2]) > 0
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in merged.values())
+    for name in ("train/loss", "val/loss", "eval/train_loss", "train/lr", "train/grad_norm",
+                 "train/tokens_per_s", "train/step_ms", "train/aux_loss", "train/ce_loss",
+                 "moe/load_imbalance/layer0", "moe/load_imbalance/layer1", "fp4/alpha/fprop_x"):
+        assert name in merged, name
+    assert "type" not in merged and "iter" not in merged
 
 
 def test_a_failing_plot_is_a_warning_and_dry_runs_plot_nothing(ds, tmp_path, monkeypatch,
