@@ -141,7 +141,7 @@ dtype = "auto"               # "auto" (bf16 autocast on GPU, fp32 on CPU), "bflo
 compile = False              # torch.compile the model
 compile_mode = "default"     # torch.compile mode; "reduce-overhead" replays CUDA graphs: no host cost per kernel
 seed = 1337                  # seeds the model init, the data order and the SR draws
-peak_tflops = 989.0          # for MFU: dense bf16 peak of one H100/H200
+peak_tflops = 0.0            # for MFU: one device's dense bf16 peak (0 = known GPUs' own; none: no MFU)
 # robustness
 nonfinite_policy = "skip"    # NaN/Inf loss or grad norm: "skip" the step, or "stop"
 max_nonfinite = 5            # stop after this many non-finite steps in a row
@@ -167,6 +167,9 @@ CHOICES = dict(wandb_mode=("", "offline", "online", "disabled"),
                nonfinite_policy=("skip", "stop"),
                compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
+# dense bf16 peak TFLOPS of one GPU (vendor datasheets, without sparsity), by name: for MFU
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
+               ("GH200", 989.0), ("B200", 2250.0), ("A100", 312.0))
 MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
 # on resume, the model, its data and its recipe come from the checkpoint unless given
 FROM_CHECKPOINT = tuple(k for k in MODEL_KEYS if k in DEFAULTS) + (
@@ -187,7 +190,7 @@ RANGES = dict(  # checked before anything starts; GPTConfig and fp4.make_recipe 
     max_iters=_non_negative, weight_decay=_non_negative, beta1=_unit, beta2=_unit,
     grad_clip=(_non_negative[0], ">= 0 (0 = no clipping)"), warmup_iters=_non_negative,
     lr_decay_iters=_non_negative, wsd_decay_frac=(lambda v: 0 <= v <= 1, "in [0, 1]"),
-    seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"), peak_tflops=_positive,
+    seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"), peak_tflops=_non_negative,
     max_nonfinite=_positive, telemetry_interval=_non_negative,
     final_sample_tokens=_non_negative, debug_nan_iters=_positive, dist_timeout_s=_positive)
 
@@ -885,6 +888,17 @@ def skip_nonfinite_step(run, loss, grad_norm):
 # logging
 
 
+def peak_tflops(c):
+    """One device's bf16 peak for MFU: the config's, else a known GPU's, else None (a CPU, an
+    unknown GPU: no MFU rather than a made-up one)."""
+    if c.peak_tflops:
+        return c.peak_tflops
+    if not c.device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name(c.device)
+    return next((peak for key, peak in PEAK_TFLOPS if key in name), None)
+
+
 def fmt_time(s):
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -921,14 +935,15 @@ def log_step(run, loss, grad_norm, lr, dt, step_s, elapsed):
     """The training record of the iteration just done (run.iter_num - 1), and its line."""
     c = run.c
     tok_s = run.tokens_per_iter / step_s
-    mfu = run.flops_per_token * tok_s / (c.peak_tflops * 1e12 * run.world)
     rec = dict(type="train", iter=run.iter_num - 1, loss=loss, lr=lr, grad_norm=grad_norm,
-               dt_ms=dt * 1000, tok_per_s=tok_s, mfu=mfu, elapsed_s=elapsed)
+               dt_ms=dt * 1000, tok_per_s=tok_s, elapsed_s=elapsed)
+    if run.peak_tflops:   # MFU only against a known peak (none on a CPU)
+        rec["mfu"] = run.flops_per_token * tok_s / (run.peak_tflops * 1e12 * run.world)
     rec.update(moe_record(run.raw_model))
     run.record(rec)
+    mfu = f"MFU {100 * rec['mfu']:.2f}% | " if "mfu" in rec else ""
     run.log(f"iter {run.iter_num - 1} | loss {loss:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms | "
-            f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.2f}% | "
-            f"ETA {fmt_time((c.max_iters - run.iter_num) * step_s)}")
+            f"{tok_s:,.0f} tok/s | {mfu}ETA {fmt_time((c.max_iters - run.iter_num) * step_s)}")
     return rec
 
 
@@ -1019,6 +1034,7 @@ def main(argv=None):
         run.start_iter = run.iter_num
         compile_model(run)
         run.flops_per_token = run.raw_model.estimate_flops_per_token()
+        run.peak_tflops = peak_tflops(run.c)
         run.log(f"model: {run.raw_model.num_params() / 1e6:.2f}M params "
                 f"({run.raw_model.active_params() / 1e6:.2f}M active), recipe {run.recipe.name}, "
                 f"{run.world} process(es) on {run.c.device}, {run.c.dtype}, "

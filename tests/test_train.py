@@ -64,6 +64,7 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--init_from=pretrained", "init_from='pretrained': use 'scratch', 'resume' or 'hf:DIR'"),
     ("--init_from=hf:", "init_from='hf:': use"),
     ("--init_from=hf:no/such/dir", "no/such/dir holds no config.json"),
+    ("--peak_tflops=-1.0", "peak_tflops=-1.0 is out of range"),
 ])
 def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
@@ -642,6 +643,17 @@ def test_wandb_metrics_are_numeric_and_named_like_nanogpt(ds, tmp_path, fake_wan
                  "moe/load_imbalance/layer0", "moe/load_imbalance/layer1", "fp4/alpha/fprop_x"):
         assert name in merged, name
     assert "type" not in merged and "iter" not in merged
+    assert "train/mfu" not in merged   # a CPU: no known peak
+
+
+def test_mfu_only_where_the_peak_is_known(ds, tmp_path, capsys):
+    run(ds, tmp_path / "cpu", max_iters=2)
+    out = capsys.readouterr().out
+    assert "tok/s" in out and "MFU" not in out
+    assert all("mfu" not in r for r in read_log(str(tmp_path / "cpu")))
+    run(ds, tmp_path / "given", max_iters=2, peak_tflops=0.001)   # an explicit peak
+    assert "MFU" in capsys.readouterr().out
+    assert all(r["mfu"] > 0 for r in read_log(str(tmp_path / "given")))
 
 
 def test_a_failing_plot_is_a_warning_and_dry_runs_plot_nothing(ds, tmp_path, monkeypatch,
