@@ -27,7 +27,8 @@ import train
 def bench_one(config, recipe, warmup, iters, out_dir, extra):
     args = [config, f"--recipe={recipe}", f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
             "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--warmup_iters=1",
-            "--always_save_checkpoint=False", "--final_sample_tokens=0"] + list(extra)
+            "--always_save_checkpoint=False", "--final_sample_tokens=0",
+            "--overwrite=True"] + list(extra)   # a bench run replaces the one before in out_dir
     if torch.cuda.is_available():
         # the previous recipe's compiled graphs hold their CUDA-graph memory pool until reset:
         # without this, every recipe's peak would include the ones before it
@@ -35,17 +36,15 @@ def bench_one(config, recipe, warmup, iters, out_dir, extra):
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    if os.path.exists(os.path.join(out_dir, "log.jsonl")):
-        os.remove(os.path.join(out_dir, "log.jsonl"))
     train.main(args)
     recs = [json.loads(l) for l in open(os.path.join(out_dir, "log.jsonl"))]
     steps = [r for r in recs if r.get("type") == "train" and r["iter"] >= warmup]
     dt = statistics.median(r["dt_ms"] for r in steps)
     cfg = train.get_config(args)
     tokens = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
-    mfus = [r["mfu"] for r in steps]
+    mfus = [r["mfu"] for r in steps if r.get("mfu") is not None]   # none where the peak is unknown
     return dict(recipe=recipe, step_ms=dt, tok_per_s=tokens / dt * 1000, tokens_per_iter=tokens,
-                mfu=statistics.median(mfus),
+                mfu=statistics.median(mfus) if mfus else None,
                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
                 loss_last=steps[-1]["loss"])
 
@@ -68,11 +67,15 @@ def main(argv):
         row["speed_vs_first"] = row["tok_per_s"] / base["tok_per_s"]
         if base["peak_mem_gib"]:
             row["mem_vs_first"] = row["peak_mem_gib"] / base["peak_mem_gib"]
-    import triton
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:   # a CPU machine without triton
+        triton_version = None
     env = dict(command="python bench.py " + " ".join(argv),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               torch=torch.__version__, triton=triton.__version__)
+               torch=torch.__version__, triton=triton_version)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(dict(env=env, rows=rows), f, indent=1)
@@ -83,8 +86,9 @@ def main(argv):
     for r in rows:
         mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] else "-"
         rel = f"{r['mem_vs_first']:.2f}" if r.get("mem_vs_first") else "-"
+        mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "-"
         lines.append(f"| {r['recipe']} | {r['step_ms']:.1f} | {r['tok_per_s']:,.0f} | "
-                     f"{r['speed_vs_first']:.3f} | {100 * r['mfu']:.1f} % | {mem} | {rel} |")
+                     f"{r['speed_vs_first']:.3f} | {mfu} | {mem} | {rel} |")
     text = "\n".join(lines)
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(text + "\n")

@@ -6,7 +6,8 @@ loads with torch.load(weights_only=True): loading one cannot run code. It carrie
 contents (`checksum`), checked on every load, so a flipped byte is found before it trains.
 
 Files in a run's out_dir: ckpt.pt (the latest healthy state), ckpt_prev.pt (the one before it),
-ckpt_best.pt (the lowest val loss so far). save_checkpoint writes atomically: a crash at any moment
+ckpt_best.pt (the lowest val loss so far); train.py adds model.safetensors (the latest weights
+alone) and log.png. save_checkpoint writes atomically: a crash at any moment
 leaves each of them either the old or the new complete file.
 """
 import errno
@@ -271,6 +272,7 @@ def load_checkpoint(path, map_location="cpu", flag="--resume_from"):
 LOG, PREVIOUS_LOG = "log.jsonl", "log_prev.jsonl"
 LOCK = "lock"
 RUN_FILES = (LATEST, PREVIOUS, BEST, LOG)
+WEIGHTS, PLOT = "model.safetensors", "log.png"   # derived from a run's files: go with them
 
 
 def lock_out_dir(out_dir):
@@ -351,7 +353,7 @@ def claim_out_dir(out_dir, init_from, resume_from, overwrite):
         return [], []
     if not overwrite:
         raise ConfigError(clash)
-    return found, []
+    return found + [f for f in (WEIGHTS, PLOT) if os.path.exists(os.path.join(out_dir, f))], []
 
 
 def remove_run_files(out_dir, names):

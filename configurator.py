@@ -160,12 +160,24 @@ def help_text(script, defaults, nullable=None, usage=""):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
     out = [usage.strip(), "", "config keys:"]
-    for number, line in _defaults_block(script):
+    block = _defaults_block(script)
+    for index, (number, line) in enumerate(block):
         name = line.split("=", 1)[0].strip()
         if name in defaults:
             kind = nullable.get(name, type(defaults[name])).__name__
             kind += " or None" if name in nullable else ""
             out.append(f"  --{name}={defaults[name]!r}  ({kind}) {comments.get(number, '')}")
-        elif line.startswith("#"):
-            out.append(f" {comments[number]}")
+        elif line.startswith("#") and _keys_follow(block, index):   # a section's title
+            out += ["", comments[number]]
     return "\n".join(out).strip()
+
+
+def _keys_follow(block, index):
+    """Whether a key comes after block[index] before the next comment line (a comment with no
+    key of its own, e.g. the block's own heading, is no section)."""
+    for _, line in block[index + 1:]:
+        if line.startswith("#"):
+            return False
+        if "=" in line:
+            return True
+    return False

@@ -5,14 +5,18 @@ train.py: train a GPT or MoE with a 4-bit (FP4) recipe, on one CPU/GPU or severa
     python train.py configs/moe_ufp4.py --recipe=e2m1 --max_iters=100
     torchrun --standalone --nproc_per_node=8 train.py configs/gpu/gpt2_small_ufp4.py
     python train.py configs/moe_ufp4.py --init_from=resume       # continue from out_dir/ckpt.pt
+    python train.py --init_from=hf:DIR --dataset=... --recipe=ufp4  # fine-tune a HF Llama/GPT-2
+    torchrun --standalone --nproc_per_node=8 train.py CONFIG --fsdp=True  # FSDP2-sharded
     python train.py --help                                       # every config key
 
 Config: the defaults below, then config files (plain Python that assigns some of these names),
 then --key=value (checked against the default's type and range before anything starts).
 
 Outputs in out_dir, by rank 0 alone: ckpt.pt (the latest healthy checkpoint, written atomically;
-the one before is kept as ckpt_prev.pt), ckpt_best.pt (the lowest val loss), log.jsonl (one JSON
-record per logged step and per eval) and, while the run lives, `lock`. A run owns its out_dir: a
+the one before is kept as ckpt_prev.pt), ckpt_best.pt (the lowest val loss), model.safetensors
+(ckpt.pt's weights alone, for hf.py and other frameworks), log.jsonl (one JSON record per logged
+step and per eval), log.png (plot.py's picture of it, at the end) and, while the run lives,
+`lock`. A run owns its out_dir: a
 scratch run into a folder that holds a run stops (--overwrite=True replaces it), and so does a
 second live run. No checkpoint is written from a non-finite val loss or inside a streak of
 non-finite steps (see checkpoint.py for the checksum and the rotation).
@@ -21,6 +25,11 @@ A checkpoint resumes on any number of processes; on the same number it continues
 data and RNG streams exactly, on another number the data order changes (ranks that existed
 continue theirs, new ranks start new ones). `--init_from=resume --resume_from=OTHER/ckpt.pt
 --out_dir=NEW` forks another run's checkpoint into a new folder, leaving that run as it was.
+
+Several processes keep a full copy of the model each and all-reduce one flat gradient buffer; with
+fsdp=True (parallel.py) each block's weights, gradients and AdamW states are sharded instead (the
+same steps; one process works too, e.g. to compare). Checkpoints hold full tensors either way, so
+a run resumes with or without fsdp.
 
 Tokens per micro-step (batch_size * block_size) need not be a multiple of the FP4 Wgrad block
 (16 or 32): fp4.py pads the token dimension with zero rows, which add nothing to dW.
@@ -44,7 +53,9 @@ import data
 import data.loader
 import data.prepare
 import fp4
-from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, CheckpointError,
+import hf
+import parallel
+from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, WEIGHTS, CheckpointError,
                         claim_out_dir, load_checkpoint, lock_out_dir, make_recipe_from,
                         remove_run_files, rng_state, save_checkpoint, set_rng_state,
                         unlock_out_dir)
@@ -57,7 +68,7 @@ from model import GPT, GPTConfig
 # default config values
 # I/O
 out_dir = "out"              # may name other keys: "out/moe_{recipe}"
-init_from = "scratch"        # "scratch" or "resume" (from resume_from, default out_dir/ckpt.pt)
+init_from = "scratch"        # "scratch", "resume" (resume_from) or "hf:DIR" (a local HF Llama/GPT-2 model)
 resume_from = ""             # the checkpoint to resume from ("" = out_dir/ckpt.pt)
 eval_interval = 250          # eval + checkpoint every this many iterations
 eval_iters = 50              # batches per split per eval
@@ -66,10 +77,10 @@ log_interval = 10            # log the training loss every this many iterations
 always_save_checkpoint = True  # else only when val loss improves
 overwrite = False            # a scratch run may replace the run already in out_dir (its checkpoints, log)
 dry_run = False              # build and check everything, run one step, write nothing
-# wandb (never online unless asked for)
+# wandb (never online unless asked for: by this key or the WANDB_MODE environment variable)
 wandb_log = False            # log to Weights & Biases
-wandb_mode = "offline"       # "offline", "online" or "disabled"
-wandb_project = "nanofp4"    # wandb project name
+wandb_mode = ""              # "" = $WANDB_MODE, else "offline"; or "offline", "online", "disabled"
+wandb_project = ""           # "" = $WANDB_PROJECT, else "nanofp4"
 wandb_run_name = ""          # wandb run name ("" = wandb's own)
 # data
 dataset = "shakespeare_char"  # prepared into data_dir/<dataset> on first use (data.DATASETS)
@@ -130,7 +141,7 @@ dtype = "auto"               # "auto" (bf16 autocast on GPU, fp32 on CPU), "bflo
 compile = False              # torch.compile the model
 compile_mode = "default"     # torch.compile mode; "reduce-overhead" replays CUDA graphs: no host cost per kernel
 seed = 1337                  # seeds the model init, the data order and the SR draws
-peak_tflops = 989.0          # for MFU: dense bf16 peak of one H100/H200
+peak_tflops = 0.0            # for MFU: one device's dense bf16 peak (0 = known GPUs' own; none: no MFU)
 # robustness
 nonfinite_policy = "skip"    # NaN/Inf loss or grad norm: "skip" the step, or "stop"
 max_nonfinite = 5            # stop after this many non-finite steps in a row
@@ -141,19 +152,24 @@ debug_nan_iters = 1          # ... and the next ones, this many in all
 debug_fail_rank = -1         # test hook: raise an exception on this rank...
 debug_fail_at_iter = -1      # ... at this iteration
 dist_timeout_s = 600         # DDP: a collective waiting longer than this fails instead of hanging
+fsdp = False                 # FSDP2: shard weights, grads, AdamW states per block (not one copy each)
+plot = True                  # write out_dir/log.png from log.jsonl at the end of a run
 # -----------------------------------------------------------------------------
 DEFAULTS = defaults_of(globals())
 # keys whose default is None: the type a value must have otherwise
 NULLABLE = dict(recipe_format=str, recipe_rht=str,
                 recipe_sr_dy=bool, recipe_rht_size=int, recipe_weight_2d=bool,
                 recipe_bf16_first=int, recipe_bf16_last=int)
-CHOICES = dict(init_from=("scratch", "resume"), wandb_mode=("offline", "online", "disabled"),
+CHOICES = dict(wandb_mode=("", "offline", "online", "disabled"),
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
                router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"), sr_bits=(8, 16),
                lr_schedule=("cosine", "wsd", "constant"), dtype=("auto", "bfloat16", "float32"),
                nonfinite_policy=("skip", "stop"),
                compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
+# dense bf16 peak TFLOPS of one GPU (vendor datasheets, without sparsity), by name: for MFU
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
+               ("GH200", 989.0), ("B200", 2250.0), ("A100", 312.0))
 MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
 # on resume, the model, its data and its recipe come from the checkpoint unless given
 FROM_CHECKPOINT = tuple(k for k in MODEL_KEYS if k in DEFAULTS) + (
@@ -174,7 +190,7 @@ RANGES = dict(  # checked before anything starts; GPTConfig and fp4.make_recipe 
     max_iters=_non_negative, weight_decay=_non_negative, beta1=_unit, beta2=_unit,
     grad_clip=(_non_negative[0], ">= 0 (0 = no clipping)"), warmup_iters=_non_negative,
     lr_decay_iters=_non_negative, wsd_decay_frac=(lambda v: 0 <= v <= 1, "in [0, 1]"),
-    seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"), peak_tflops=_positive,
+    seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"), peak_tflops=_non_negative,
     max_nonfinite=_positive, telemetry_interval=_non_negative,
     final_sample_tokens=_non_negative, debug_nan_iters=_positive, dist_timeout_s=_positive)
 
@@ -206,7 +222,18 @@ def check_config(cfg):
     if cfg["backend"] == "triton" and not cuda:
         raise ConfigError("backend='triton' runs the Triton kernels on a CUDA GPU, and this run "
                           "is on the CPU: use backend='auto' or 'torch'")
+    init = cfg["init_from"]
+    if init not in ("scratch", "resume") and not (init.startswith("hf:") and init[3:]):
+        raise ConfigError(f"init_from={init!r}: use 'scratch', 'resume' or 'hf:DIR' (a local "
+                          f"Hugging Face model directory)")
+    if init.startswith("hf:") and not os.path.isfile(os.path.join(init[3:], "config.json")):
+        raise ConfigError(f"init_from={init!r}: {init[3:]} holds no config.json: name a local "
+                          f"Hugging Face model directory")
     make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
+    if cfg["fsdp"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
+        raise ConfigError(f"fsdp=True does not run under CUDA graphs (compile_mode="
+                          f"{cfg['compile_mode']!r}): FSDP2 gathers and frees weights in hooks "
+                          f"that a replayed graph skips; use compile_mode='default'")
     if cfg["telemetry_interval"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
         raise ConfigError(f"telemetry_interval needs the layers' Python to run in every step, "
                           f"which a replayed CUDA graph (compile_mode={cfg['compile_mode']!r}) "
@@ -242,9 +269,12 @@ def configure(argv):
     return cfg, (ckpt, src)
 
 
-def model_config(cfg, vocab):
-    """GPTConfig from the config's model keys (those the config lacks keep the model's default)."""
+def model_config(cfg, vocab, fixed=None):
+    """GPTConfig from the config's model keys (those the config lacks keep the model's default);
+    `fixed`: model args that win over the config (a Hugging Face directory's, or a checkpoint's
+    args that are no config key, e.g. rope_theta)."""
     args = {k: cfg[k] for k in MODEL_KEYS if cfg.get(k) is not None}
+    args.update(fixed or {})
     args["vocab_size"] = cfg["vocab_size"] or vocab
     if args["vocab_size"] < vocab:
         raise ConfigError(f"vocab_size={args['vocab_size']} is smaller than the dataset's {vocab}")
@@ -257,9 +287,10 @@ def model_config(cfg, vocab):
 def set_sr_bits(bits):
     """The random bits per stochastic-rounding draw of the Triton kernels (the torch reference
     draws fp32 uniforms); also puts back 8 after an earlier run's 16 in this process."""
-    if bits != 8 or "kernels" in sys.modules:
-        import kernels
-        kernels.SR_BITS = bits
+    try:
+        fp4.set_sr_bits(bits)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 # -----------------------------------------------------------------------------
 # learning rate schedule
@@ -297,6 +328,7 @@ class Run:
         self.writes = not (self.c.dry_run or self.c.eval_only)   # into out_dir
         self.healthy = None   # (path, iter, val loss) of the last checkpoint known good
         self.resumed = None   # (checkpoint, its path) to resume from, until resume() takes it
+        self.ddp = self.own_group = False
 
     def log(self, *msg):
         if self.master:
@@ -308,8 +340,7 @@ class Run:
             self.logf.write(json.dumps(rec) + "\n")
             self.logf.flush()
         if self.wandb:
-            self.wandb.log({k: v for k, v in rec.items() if not isinstance(v, list)},
-                           step=rec["iter"])
+            self.wandb.log(wandb_metrics(rec), step=rec["iter"])
 
     def close(self):
         if self.logf:
@@ -318,7 +349,7 @@ class Run:
             self.wandb.finish()
         if self.lock:
             unlock_out_dir(self.lock, self.c.out_dir)
-        if self.ddp:
+        if self.ddp or self.own_group:
             torch.distributed.destroy_process_group()
 
     def all_reduce_mean(self, t):   # gloo has no ReduceOp.AVG
@@ -345,6 +376,11 @@ def setup_processes(run):
         torch.distributed.init_process_group(
             "nccl" if c.device.startswith("cuda") else "gloo",
             timeout=datetime.timedelta(seconds=c.dist_timeout_s))
+    elif c.fsdp:   # one process without torchrun: FSDP2 still needs a (one-rank) process group
+        torch.distributed.init_process_group(
+            "nccl" if c.device.startswith("cuda") else "gloo", store=torch.distributed.HashStore(),
+            rank=0, world_size=1)
+        run.own_group = True
     run.accum = c.gradient_accumulation_steps // run.world
     run.device_type = "cuda" if c.device.startswith("cuda") else "cpu"
     if c.dtype == "auto":
@@ -363,7 +399,8 @@ def take_out_dir(run):
         return
     if run.writes:
         run.lock = lock_out_dir(c.out_dir)
-    replaced, aside = claim_out_dir(c.out_dir, c.init_from, c.resume_from, c.overwrite)
+    replaced, aside = claim_out_dir(c.out_dir, "resume" if c.init_from == "resume" else "scratch",
+                                    c.resume_from, c.overwrite)
     if not run.writes:
         return
     if replaced:
@@ -384,9 +421,49 @@ def open_outputs(run):
     run.logf = open(os.path.join(c.out_dir, LOG), "a")
     if c.wandb_log:
         import wandb
-        wandb.init(project=c.wandb_project, name=c.wandb_run_name or None, config=run.cfg,
-                   mode=c.wandb_mode, dir=c.out_dir)
+        wandb.init(**wandb_settings(c, os.environ), name=c.wandb_run_name or None, config=run.cfg,
+                   dir=c.out_dir)
         run.wandb = wandb
+
+
+def wandb_settings(c, env):
+    """wandb.init's project and mode: the config's when given, else the environment's
+    (WANDB_PROJECT, WANDB_MODE, which wandb reads itself when no mode is passed), else
+    "nanofp4" and offline: never online unless asked for."""
+    kw = dict(project=c.wandb_project or env.get("WANDB_PROJECT") or "nanofp4")
+    if c.wandb_mode:
+        kw["mode"] = c.wandb_mode
+    elif not env.get("WANDB_MODE"):
+        kw["mode"] = "offline"
+    return kw
+
+
+WANDB_NAMES = dict(  # log.jsonl's keys -> nanoGPT-style wandb names, per record type
+    train=dict(loss="train/loss", lr="train/lr", grad_norm="train/grad_norm",
+               dt_ms="train/step_ms", tok_per_s="train/tokens_per_s", mfu="train/mfu",
+               elapsed_s="train/elapsed_s", ce_loss="train/ce_loss", aux_loss="train/aux_loss",
+               z_loss="train/z_loss"),
+    eval=dict(train_loss="eval/train_loss", val_loss="val/loss"),
+    nonfinite=dict(loss="nonfinite/loss", grad_norm="nonfinite/grad_norm"))
+
+
+def wandb_metrics(rec):
+    """The numeric metrics of one log record under wandb names: the expert load as its
+    imbalance per MoE layer (the busiest expert's share x n_expert: 1 = balanced), FP4 telemetry
+    as alpha and SQNR per GEMM operand; no strings, no nested lists."""
+    kind, out = rec.get("type"), {}
+    for key, name in WANDB_NAMES.get(kind, {}).items():
+        if isinstance(rec.get(key), (int, float)) and not isinstance(rec[key], bool):
+            out[name] = rec[key]
+    for layer, load in enumerate(rec.get("expert_load") or []):
+        if load:
+            out[f"moe/load_imbalance/layer{layer}"] = max(load) * len(load)
+            out[f"moe/min_load/layer{layer}"] = min(load) * len(load)
+    if kind == "telemetry":
+        for group in ("alpha", "sqnr_db"):
+            out.update({f"fp4/{group}/{op}": v for op, v in rec.get(group, {}).items()
+                        if isinstance(v, (int, float))})
+    return out
 
 # -----------------------------------------------------------------------------
 # data and model
@@ -463,10 +540,17 @@ def make_loader(run, split, seed):
 
 
 def setup_model(run):
-    """fp32 master weights in the recipe's linears, and AdamW; the same init on every rank."""
+    """fp32 master weights in the recipe's linears (a Hugging Face model's with init_from=hf:DIR),
+    sharded under fsdp, and AdamW; the same init on every rank."""
     c = run.c
     run.recipe = make_recipe_from(run.cfg)
-    run.margs = model_config(run.cfg, run.meta["vocab_size"])
+    fixed, weights = None, None
+    if c.init_from.startswith("hf:"):
+        fixed, weights = import_hf(run)
+    elif run.resumed:   # model args that no config key holds come from the checkpoint
+        fixed = {k: v for k, v in run.resumed[0]["model_args"].items()
+                 if k in MODEL_KEYS and k not in DEFAULTS}
+    run.margs = model_config(run.cfg, run.meta["vocab_size"], fixed)
     random.seed(c.seed)
     np.random.seed(c.seed)
     torch.manual_seed(c.seed)
@@ -474,7 +558,11 @@ def setup_model(run):
         run.raw_model = fp4.convert(GPT(run.margs), run.recipe)
     except ValueError as e:
         raise ConfigError(f"the model does not fit recipe {run.recipe.name!r}: {e}") from None
+    if weights is not None:
+        run.raw_model.load_state_dict(weights)
     run.raw_model.to(c.device)
+    if c.fsdp:   # before the optimizer, which must hold the sharded parameters
+        parallel.shard_model(run.raw_model)
     run.optimizer = run.raw_model.configure_optimizers(c.weight_decay, c.learning_rate,
                                                        (c.beta1, c.beta2), run.device_type)
     if run.ddp:   # same init everywhere; dropout and SR draw per-process streams from here on
@@ -482,6 +570,27 @@ def setup_model(run):
     if (c.batch_size * c.block_size) % 32 and run.recipe.quantized:
         run.log(f"note: {c.batch_size * c.block_size} tokens per micro-step are not a multiple of "
                 f"the Wgrad block: fp4 pads them with zero rows")
+
+
+def import_hf(run):
+    """(model args, state dict) of init_from's Hugging Face directory; the config's model keys
+    become the directory's (said when they differ), so the checkpoints' config describes the
+    model they hold."""
+    c, src = run.c, run.c.init_from[3:]
+    try:
+        args, weights = hf.load_hf(src, block_size=c.block_size)
+    except hf.HFError as e:
+        raise ConfigError(f"init_from={c.init_from!r}: {e}") from None
+    if args["vocab_size"] < run.meta["vocab_size"]:
+        raise ConfigError(f"init_from={c.init_from!r}: the model's vocab_size "
+                          f"{args['vocab_size']} is smaller than the dataset's "
+                          f"{run.meta['vocab_size']}: use a dataset of its tokenizer")
+    taken = {k: v for k, v in args.items() if k in DEFAULTS and run.cfg[k] != v}
+    run.cfg.update(taken)
+    vars(run.c).update(taken)
+    if taken:
+        run.log(f"from {src}: " + ", ".join(f"{k}={v!r}" for k, v in taken.items()))
+    return args, weights
 
 
 def compile_model(run):
@@ -496,8 +605,9 @@ def compile_model(run):
     # hooks would run inside replayed graphs; the price is no overlap of that call with the
     # last backward, small next to a step of several micro-steps). A parameter with no
     # gradient in a step then gets AdamW's update of a zero grad; every parameter here gets one.
-    run.flat_grad = flat_grads(run.raw_model) if run.graphs or run.ddp else None
-    if run.ddp:   # rank 0's weights everywhere, whatever each process drew or loaded
+    # FSDP2 reduce-scatters each block's gradients itself, into sharded grads.
+    run.flat_grad = flat_grads(run.raw_model) if (run.graphs or run.ddp) and not c.fsdp else None
+    if run.ddp and not c.fsdp:   # rank 0's weights everywhere, whatever each process drew or loaded
         for t in list(run.raw_model.parameters()) + list(run.raw_model.buffers()):
             torch.distributed.broadcast(t.data, 0)
 
@@ -538,8 +648,7 @@ def resume(run):
     (ckpt, src), run.resumed = run.resumed, None
     check_compatible(ckpt, src, run.margs)
     try:
-        run.raw_model.load_state_dict(ckpt["model"])
-        run.optimizer.load_state_dict(ckpt["optimizer"])
+        load_states(run, ckpt)
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{src} does not fit this model/optimizer: {e}") from e
     run.iter_num, run.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
@@ -556,6 +665,19 @@ def resume(run):
     run.log(f"resumed from {src} at iter {run.iter_num} (best val loss {run.best_val_loss:.4f})")
     if run.master and run.writes:
         trim_log(os.path.join(c.out_dir, LOG), run.iter_num)
+
+
+def load_states(run, ckpt):
+    """The checkpoint's weights and AdamW states, full tensors, into a plain or sharded model.
+    A checkpoint of an fsdp run keys its optimizer state by parameter name, a plain run's by
+    position: either loads into either."""
+    positional = all(isinstance(p, int) for g in ckpt["optimizer"]["param_groups"]
+                     for p in g["params"])
+    if run.c.fsdp or not positional:
+        parallel.load_full_state(run.raw_model, run.optimizer, ckpt["model"], ckpt["optimizer"])
+    else:
+        run.raw_model.load_state_dict(ckpt["model"])
+        run.optimizer.load_state_dict(ckpt["optimizer"])
 
 
 def resume_streams(run, ckpt, src):
@@ -594,17 +716,13 @@ def trim_log(path, iter_num):
     os.replace(path + ".tmp", path)
 
 
-def all_finite(module):
-    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
-
-
 def unhealthy(run, val_loss):
     """Why the model now must not replace a checkpoint, or "" when it may."""
     if not math.isfinite(val_loss):
         return f"its val loss is {val_loss}"
     if run.bad_in_row:
         return f"it is inside a streak of {run.bad_in_row} non-finite step(s)"
-    if not all_finite(run.raw_model):
+    if not parallel.all_finite(run.raw_model):   # a collective when sharded
         return "its weights are not finite"
     return ""
 
@@ -635,14 +753,23 @@ def save(run, val_loss, best):
         torch.distributed.all_gather_object(gathered, states)
     else:
         gathered = [states]
+    if run.c.fsdp:   # collectives: every rank gathers, rank 0 receives the full tensors
+        model_sd = parallel.full_state_dict(run.raw_model)
+        optim_sd = parallel.full_optimizer_state_dict(run.raw_model, run.optimizer)
+    else:
+        model_sd, optim_sd = run.raw_model.state_dict(), run.optimizer.state_dict()
     if run.master:
         save_checkpoint(dict(
-            model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),
+            model=model_sd, optimizer=optim_sd,
             iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg,
             model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
             recipe_spec=repr(run.recipe), meta=run.meta, n_nonfinite=run.n_nonfinite,
             world_size=run.world, rng=[g["rng"] for g in gathered],
             loader=[g["loader"] for g in gathered], val_loss=val_loss), run.ckpt_path, best=best)
+        # the weights alone, readable by any framework without running code (hf.py exports them)
+        hf.save_weights(model_sd, os.path.join(run.c.out_dir, WEIGHTS), metadata=dict(
+            model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
+            iter_num=run.iter_num, meta=run.meta))
         run.log(f"saved checkpoint {run.ckpt_path} at iter {run.iter_num}"
                 + (f" (and {BEST}: best val loss)" if best else ""))
     run.healthy = (run.ckpt_path, run.iter_num, val_loss)
@@ -709,6 +836,7 @@ def forward_backward(run):
         (loss / run.accum).backward()
     if run.ddp:
         run.all_reduce_mean(loss_sum)
+    if run.ddp and run.flat_grad is not None:   # (FSDP2 has reduce-scattered its gradients)
         run.all_reduce_mean(run.flat_grad)
     return loss_sum.item() / run.accum
 
@@ -722,8 +850,8 @@ def train_step(run, lr):
     probing = c.telemetry_interval and run.iter_num % c.telemetry_interval == 0 and run.master
     with fp4.probe_alphas() if probing else contextlib.nullcontext() as alphas:
         loss = forward_backward(run)
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        run.raw_model.parameters(), c.grad_clip if c.grad_clip > 0 else float("inf")).item()
+    grad_norm = parallel.clip_grad_norm(
+        run.raw_model, c.grad_clip if c.grad_clip > 0 else float("inf")).item()
     if math.isfinite(loss) and math.isfinite(grad_norm):
         run.optimizer.step()
         if hasattr(run.raw_model, "update_router_bias"):
@@ -758,6 +886,17 @@ def skip_nonfinite_step(run, loss, grad_norm):
 
 # -----------------------------------------------------------------------------
 # logging
+
+
+def peak_tflops(c):
+    """One device's bf16 peak for MFU: the config's, else a known GPU's, else None (a CPU, an
+    unknown GPU: no MFU rather than a made-up one)."""
+    if c.peak_tflops:
+        return c.peak_tflops
+    if not c.device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name(c.device)
+    return next((peak for key, peak in PEAK_TFLOPS if key in name), None)
 
 
 def fmt_time(s):
@@ -796,14 +935,15 @@ def log_step(run, loss, grad_norm, lr, dt, step_s, elapsed):
     """The training record of the iteration just done (run.iter_num - 1), and its line."""
     c = run.c
     tok_s = run.tokens_per_iter / step_s
-    mfu = run.flops_per_token * tok_s / (c.peak_tflops * 1e12 * run.world)
     rec = dict(type="train", iter=run.iter_num - 1, loss=loss, lr=lr, grad_norm=grad_norm,
-               dt_ms=dt * 1000, tok_per_s=tok_s, mfu=mfu, elapsed_s=elapsed)
+               dt_ms=dt * 1000, tok_per_s=tok_s, elapsed_s=elapsed)
+    if run.peak_tflops:   # MFU only against a known peak (none on a CPU)
+        rec["mfu"] = run.flops_per_token * tok_s / (run.peak_tflops * 1e12 * run.world)
     rec.update(moe_record(run.raw_model))
     run.record(rec)
+    mfu = f"MFU {100 * rec['mfu']:.2f}% | " if "mfu" in rec else ""
     run.log(f"iter {run.iter_num - 1} | loss {loss:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms | "
-            f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.2f}% | "
-            f"ETA {fmt_time((c.max_iters - run.iter_num) * step_s)}")
+            f"{tok_s:,.0f} tok/s | {mfu}ETA {fmt_time((c.max_iters - run.iter_num) * step_s)}")
     return rec
 
 
@@ -815,7 +955,12 @@ def final_sample(run):
     run.raw_model.eval()
     with run.ctx:
         out = run.raw_model.generate(x, run.c.final_sample_tokens, temperature=0.8, top_k=200)
-    run.log("sample:\n" + decoder(meta)(out[0].tolist()))
+    text = decoder(meta)(out[0].tolist())
+    run.log("sample:\n" + text)
+    if run.wandb:
+        run.wandb.log({"samples": run.wandb.Table(columns=["iter", "recipe", "text"],
+                                                  data=[[run.iter_num, run.recipe.name, text]])},
+                      step=run.iter_num)
 
 # -----------------------------------------------------------------------------
 # the training loop; a checkpoint is always taken at an iteration boundary
@@ -829,7 +974,7 @@ def train(run):
     t_start = t0
     while run.iter_num < c.max_iters:
         if run.iter_num % c.eval_interval == 0 and not c.dry_run and (
-                run.iter_num > run.start_iter or c.init_from == "scratch"):
+                run.iter_num > run.start_iter or c.init_from != "resume"):
             evaluate(run)
             t0 = time.time()   # step timings leave the eval out
         lr = get_lr(run.iter_num, c)
@@ -851,9 +996,21 @@ def train(run):
     if run.bad_in_row:
         raise NonFiniteError(f"the run ended inside a streak of {run.bad_in_row} non-finite "
                              f"step(s), so its end was not saved; {describe_healthy(run)}")
-    if c.final_sample_tokens and run.master:
+    if c.final_sample_tokens and (run.master or c.fsdp):   # FSDP2: every rank joins the forwards
         final_sample(run)
+    if c.plot and run.master:
+        plot_log(run)
     return last.get("loss")
+
+
+def plot_log(run):
+    """out_dir/log.png from log.jsonl (plot.py); a picture that fails is a warning, never a
+    failed run."""
+    try:
+        import plot
+        run.log(f"plot: {plot.plot_run(run.c.out_dir)}")
+    except Exception as e:   # matplotlib missing, an unwritable file, a log with nothing to plot
+        run.log(f"warning: no plot of {run.c.out_dir}: {type(e).__name__}: {e}")
 
 
 def main(argv=None):
@@ -877,6 +1034,7 @@ def main(argv=None):
         run.start_iter = run.iter_num
         compile_model(run)
         run.flops_per_token = run.raw_model.estimate_flops_per_token()
+        run.peak_tflops = peak_tflops(run.c)
         run.log(f"model: {run.raw_model.num_params() / 1e6:.2f}M params "
                 f"({run.raw_model.active_params() / 1e6:.2f}M active), recipe {run.recipe.name}, "
                 f"{run.world} process(es) on {run.c.device}, {run.c.dtype}, "

@@ -39,3 +39,6 @@ def test_help_lists_every_key_with_default_type_and_meaning(script, module):
         meaning = line.split(")", 1)[1].strip()
         assert meaning and "(" in line, line   # a type and a meaning on every line
     assert "--learning_rate=0.0006  (float) peak learning rate" in p.stdout or script == "sample.py"
+    if script == "train.py":   # the block's comment lines read as section titles
+        assert "\n\nI/O\n  --out_dir=" in p.stdout and "\nsystem\n  --device=" in p.stdout
+        assert "default config values" not in p.stdout

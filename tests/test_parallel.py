@@ -217,6 +217,38 @@ def test_train_fsdp_matches_the_flat_buffer_path_and_resumes(tmp_path):
     plain = GPT(GPTConfig(**ckpt["model_args"]))
     plain.load_state_dict(ckpt["model"])   # the gathered checkpoint is a plain model's
 
+@pytest.mark.skipif(not train_has_fsdp(), reason="train.py has no fsdp switch")
+def test_train_fsdp_in_one_process_without_torchrun(tmp_path):
+    """fsdp=True in a plain `python train.py` (a one-rank process group of its own): the plain
+    run's losses, and its checkpoint (optimizer keyed by name) resumes a plain run and back."""
+    import train
+    from train_helpers import make_char_dataset, read_log, tiny_args
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    kw = dict(recipe="ufp4", max_iters=4, lr_decay_iters=8, eval_interval=4, grad_clip=0.0,
+              plot=False)
+    train.main(tiny_args(ds, str(tmp_path / "plain"), **kw))
+    train.main(tiny_args(ds, str(tmp_path / "fsdp"), fsdp=True, **kw))
+    assert not torch.distributed.is_initialized()   # its group is gone with the run
+    plain, fsdp = read_log(str(tmp_path / "plain")), read_log(str(tmp_path / "fsdp"))
+    assert [r["loss"] for r in plain] == [r["loss"] for r in fsdp]
+    ckpt = torch.load(str(tmp_path / "fsdp" / "ckpt.pt"), weights_only=True)
+    assert isinstance(ckpt["optimizer"]["param_groups"][0]["params"][0], str)   # by name
+    more = dict(kw, max_iters=6, init_from="resume")
+    train.main(tiny_args(ds, str(tmp_path / "fsdp"), **more))               # fsdp -> plain
+    train.main(tiny_args(ds, str(tmp_path / "plain"), fsdp=True, **more))   # plain -> fsdp
+    a, b = read_log(str(tmp_path / "plain")), read_log(str(tmp_path / "fsdp"))
+    assert [r["iter"] for r in a] == list(range(6))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+@pytest.mark.skipif(not train_has_fsdp(), reason="train.py has no fsdp switch")
+def test_train_fsdp_refuses_cuda_graphs():
+    import train
+    with pytest.raises(train.ConfigError, match="fsdp=True does not run under CUDA graphs"):
+        train.get_config(["--fsdp", "--compile", "--compile_mode=reduce-overhead",
+                          "--device=cpu"])
+
+
 def test_shard_model_needs_blocks():
     with pytest.raises(ValueError, match="blocks"):
         parallel.shard_model(torch.nn.Linear(2, 2))

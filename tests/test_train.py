@@ -61,6 +61,10 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--max_iters", "expected --key=value"),
     ("--compile_mode=fast", "'compile_mode' .* must be one of"),
     ("--sr_bits=12", "'sr_bits' .* must be one of \\(8, 16\\)"),
+    ("--init_from=pretrained", "init_from='pretrained': use 'scratch', 'resume' or 'hf:DIR'"),
+    ("--init_from=hf:", "init_from='hf:': use"),
+    ("--init_from=hf:no/such/dir", "no/such/dir holds no config.json"),
+    ("--peak_tflops=-1.0", "peak_tflops=-1.0 is out of range"),
 ])
 def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
@@ -213,6 +217,15 @@ def test_sr_bits_sets_the_kernels_draw(ds, tmp_path, kernels_at_8_bits):
     run(ds, tmp_path / "o", dry_run=True, recipe="ufp4")  # a later run in the same process: 8 again
     assert kernels.SR_BITS == 8
 
+
+def test_sr_bits_goes_through_fp4(ds, tmp_path, monkeypatch):
+    """fp4.set_sr_bits owns the check and the kernels' value: train.py sets nothing itself."""
+    import fp4
+    calls = []
+    monkeypatch.setattr(fp4, "set_sr_bits", calls.append)
+    run(ds, tmp_path / "o", dry_run=True, recipe="ufp4", sr_bits=16)
+    assert calls == [16]
+
 # -----------------------------------------------------------------------------
 # resume and DDP
 
@@ -319,9 +332,10 @@ def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
     run(ds, tmp_path / "one", batch_size=8, **kw)
     outs = _wait_ddp(_launch_ddp(ds, tmp_path / "two", batch_size=4, gradient_accumulation_steps=2,
                                  **kw))
-    # rank 0 alone writes and prints: one log, one checkpoint (and its predecessor)
+    # rank 0 alone writes and prints: one log and its picture, one checkpoint (and its
+    # predecessor), the weights as safetensors
     assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt", "ckpt_best.pt", "ckpt_prev.pt",
-                                                     "log.jsonl"]
+                                                     "log.jsonl", "log.png", "model.safetensors"]
     assert "iter 0" in outs[0] and outs[1].strip() == "", outs[1]
     a, b = read_log(str(tmp_path / "one")), read_log(str(tmp_path / "two"))
     assert len(a) == len(b) == 8
@@ -560,12 +574,105 @@ def test_nonfinite_stop_keeps_last_good_checkpoint(ds, tmp_path, policy, nan_ite
     assert read_log(str(tmp_path))[-1]["iter"] == 7
 
 @pytest.mark.parametrize("mode", ["disabled", "offline"])
-def test_wandb_never_online_by_default(ds, tmp_path, mode):
+def test_wandb_never_online_by_default(ds, tmp_path, mode, monkeypatch):
     pytest.importorskip("wandb")
-    assert train.DEFAULTS["wandb_log"] is False and train.DEFAULTS["wandb_mode"] == "offline"
-    run(ds, tmp_path, max_iters=2, wandb_log=True, wandb_mode=mode)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert train.DEFAULTS["wandb_log"] is False and train.DEFAULTS["wandb_mode"] == ""
+    run(ds, tmp_path, max_iters=2, wandb_log=True, **({} if mode == "offline" else
+                                                      dict(wandb_mode=mode)))
     runs = list((tmp_path / "wandb").glob("offline-run-*")) if (tmp_path / "wandb").exists() else []
     assert len(runs) == (mode == "offline")
+
+
+class FakeWandb:
+    """The parts of the wandb module train.py uses, recording what it is given."""
+
+    def __init__(self):
+        self.inits, self.logs, self.finished = [], [], 0
+
+    def init(self, **kw):
+        self.inits.append(kw)
+
+    def log(self, metrics, step=None):
+        self.logs.append((step, metrics))
+
+    def finish(self):
+        self.finished += 1
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, data
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for var in ("WANDB_MODE", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    return fake
+
+
+@pytest.mark.parametrize("env, given, want", [
+    ({}, {}, dict(project="nanofp4", mode="offline")),            # never online unasked
+    ({"WANDB_MODE": "disabled"}, {}, dict(project="nanofp4")),    # the environment wins...
+    ({"WANDB_MODE": "online", "WANDB_PROJECT": "p"}, {}, dict(project="p")),
+    ({"WANDB_MODE": "online", "WANDB_PROJECT": "p"},              # ... over the defaults only
+     dict(wandb_mode="disabled", wandb_project="q"), dict(project="q", mode="disabled"))])
+def test_wandb_respects_the_environment(ds, tmp_path, fake_wandb, monkeypatch, env, given, want):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    run(ds, tmp_path, max_iters=1, wandb_log=True, **given)
+    (kw,) = fake_wandb.inits
+    assert {k: kw[k] for k in ("project", "mode") if k in kw} == want
+    assert fake_wandb.finished == 1
+
+
+def test_wandb_metrics_are_numeric_and_named_like_nanogpt(ds, tmp_path, fake_wandb):
+    run(ds, tmp_path, max_iters=4, eval_interval=2, wandb_log=True, final_sample_tokens=20,
+        telemetry_interval=2, recipe="ufp4", **MOE)
+    merged = {}
+    for step, metrics in fake_wandb.logs:
+        assert isinstance(step, int)
+        merged.update(metrics)
+    table = merged.pop("samples")
+    assert table.columns == ["iter", "recipe", "text"] and len(table.data[0][2]) > 0
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in merged.values())
+    for name in ("train/loss", "val/loss", "eval/train_loss", "train/lr", "train/grad_norm",
+                 "train/tokens_per_s", "train/step_ms", "train/aux_loss", "train/ce_loss",
+                 "moe/load_imbalance/layer0", "moe/load_imbalance/layer1", "fp4/alpha/fprop_x"):
+        assert name in merged, name
+    assert "type" not in merged and "iter" not in merged
+    assert "train/mfu" not in merged   # a CPU: no known peak
+
+
+def test_mfu_only_where_the_peak_is_known(ds, tmp_path, capsys):
+    run(ds, tmp_path / "cpu", max_iters=2)
+    out = capsys.readouterr().out
+    assert "tok/s" in out and "MFU" not in out
+    assert all("mfu" not in r for r in read_log(str(tmp_path / "cpu")))
+    run(ds, tmp_path / "given", max_iters=2, peak_tflops=0.001)   # an explicit peak
+    assert "MFU" in capsys.readouterr().out
+    assert all(r["mfu"] > 0 for r in read_log(str(tmp_path / "given")))
+
+
+def test_a_failing_plot_is_a_warning_and_dry_runs_plot_nothing(ds, tmp_path, monkeypatch,
+                                                                capsys):
+    import plot
+    calls = []
+
+    def broken(path):
+        calls.append(path)
+        raise RuntimeError("no display")
+    monkeypatch.setattr(plot, "plot_run", broken)
+    loss = run(ds, tmp_path / "o", max_iters=2, eval_interval=2)
+    assert math.isfinite(loss) and calls == [str(tmp_path / "o")]
+    assert f"warning: no plot of {tmp_path / 'o'}: RuntimeError: no display" in \
+        capsys.readouterr().out
+    run(ds, tmp_path / "d", dry_run=True)
+    run(ds, tmp_path / "o", init_from="resume", eval_only=True)
+    run(ds, tmp_path / "n", max_iters=2, eval_interval=2, plot=False)
+    assert len(calls) == 1
 
 # -----------------------------------------------------------------------------
 # a run owns its out_dir
