@@ -70,6 +70,19 @@ def build_model(ckpt, recipe, path="the checkpoint"):
 # RNG states as tensors and plain values (torch.load's weights_only=True refuses numpy arrays)
 
 
+def load_model(path, recipe_name, device, use):
+    """(model in eval mode on device, its recipe, checkpoint, path) for sampling or evaluation:
+    the checkpoint's recipe with its ablation overrides, or recipe_name without them."""
+    ckpt, path = load_checkpoint(path, flag="--ckpt_path")
+    if "meta" not in ckpt:
+        raise CheckpointError(f"{path} holds no tokenizer (meta): cannot {use}")
+    cfg = dict(ckpt["config"])
+    if recipe_name:
+        cfg.update({k: None for k in RECIPE_KEYS}, recipe=recipe_name)
+    recipe = make_recipe_from(cfg)
+    return build_model(ckpt, recipe, path).eval().to(device), recipe, ckpt, path
+
+
 def rng_state():
     np_state = np.random.get_state(legacy=False)
     return dict(python=random.getstate(),

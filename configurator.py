@@ -146,6 +146,13 @@ def check_device(device):
                           f"GPU(s): use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
 
 
+def resolve_device(device, dtype):
+    """'auto' made concrete: (cuda when present else cpu, bf16 on a GPU else fp32)."""
+    import torch
+    dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    return dev, dtype if dtype != "auto" else ("bfloat16" if dev.startswith("cuda") else "float32")
+
+
 def wants_help(argv):
     return any(a in ("-h", "--help") for a in argv)
 

@@ -28,10 +28,9 @@ import torch
 
 import data
 import fp4
-from checkpoint import (LATEST, RECIPE_KEYS, CheckpointError, build_model, load_checkpoint,
-                        make_recipe_from)
+from checkpoint import LATEST, CheckpointError, load_model
 from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
-                          wants_help)
+                          resolve_device, wants_help)
 from data.common import encoder, read_text_file
 
 # -----------------------------------------------------------------------------
@@ -160,17 +159,9 @@ def main(argv=None):
         raise ConfigError("give --text_file or --split, not both")
     check_device(c["device"])
     fp4.set_backend(c["backend"])
-    dev = c["device"] if c["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dt = c["dtype"] if c["dtype"] != "auto" else ("bfloat16" if dev.startswith("cuda") else "float32")
-    ckpt, path = load_checkpoint(c["ckpt_path"] or os.path.join(c["out_dir"], LATEST),
-                                 flag="--ckpt_path")
-    if "meta" not in ckpt:
-        raise CheckpointError(f"{path} holds no tokenizer (meta): cannot tokenize")
-    tcfg = dict(ckpt["config"])
-    if c["recipe"]:  # another recipe, without the checkpoint's ablation overrides
-        tcfg.update({k: None for k in RECIPE_KEYS}, recipe=c["recipe"])
-    rec = make_recipe_from(tcfg)
-    model = build_model(ckpt, rec, path).eval().to(dev)
+    dev, dt = resolve_device(c["device"], c["dtype"])
+    model, rec, ckpt, path = load_model(c["ckpt_path"] or os.path.join(c["out_dir"], LATEST),
+                                         c["recipe"], dev, "tokenize")
     if c["text_file"]:
         ids, n_bytes = text_tokens(c["text_file"], ckpt["meta"], c["max_tokens"])
         source = c["text_file"]

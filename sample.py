@@ -15,9 +15,9 @@ import sys
 import torch
 
 import fp4
-from checkpoint import RECIPE_KEYS, CheckpointError, build_model, load_checkpoint, make_recipe_from
+from checkpoint import CheckpointError, load_model
 from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
-                          wants_help)
+                          resolve_device, wants_help)
 from data.common import decoder, encoder
 
 # -----------------------------------------------------------------------------
@@ -63,19 +63,10 @@ def main(argv=None):
     check_ranges(c, RANGES)
     check_device(c["device"])
     fp4.set_backend(c["backend"])
-    dev = c["device"] if c["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dt = c["dtype"] if c["dtype"] != "auto" else ("bfloat16" if dev.startswith("cuda") else "float32")
+    dev, dt = resolve_device(c["device"], c["dtype"])
     prompt = read_prompt(c["start"])
-    ckpt, path = load_checkpoint(c["ckpt_path"] or os.path.join(c["out_dir"], "ckpt.pt"),
-                                 flag="--ckpt_path")
-    if "meta" not in ckpt:
-        raise CheckpointError(f"{path} holds no tokenizer (meta): cannot decode")
-    tcfg = dict(ckpt["config"])
-    if c["recipe"]:  # another recipe, without the checkpoint's ablation overrides
-        tcfg.update({k: None for k in RECIPE_KEYS}, recipe=c["recipe"])
-    recipe = make_recipe_from(tcfg)
-    model = build_model(ckpt, recipe, path)
-    model.eval().to(dev)
+    model, recipe, ckpt, path = load_model(c["ckpt_path"] or os.path.join(c["out_dir"], "ckpt.pt"),
+                                         c["recipe"], dev, "decode")
 
     meta = ckpt["meta"]
     ids = encoder(meta)(prompt) or [0]
