@@ -3,6 +3,9 @@ bench.py: training throughput and memory of several recipes on one config, in on
 
     python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4,e2m1,nvfp4,mxfp4
     python bench.py configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4 --iters=20 --compile=True
+    python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,mxfp4,mxfp4+recipe_fp8_gemm=False
+
+A recipe may carry train.py overrides of its own after '+' (ufp4+recipe_format=mxint4).
 
 Each recipe is a real `train.main` run (no second trainer) with the same model, batch and seed:
 `--warmup` steps, then `--iters` timed steps, no eval until the end. Step time is the median of
@@ -24,8 +27,9 @@ import torch
 import train
 
 
-def bench_one(config, recipe, warmup, iters, out_dir, extra):
-    args = [config, f"--recipe={recipe}", f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
+def bench_one(config, spec, warmup, iters, out_dir, extra):
+    recipe, *own = spec.split("+")   # e.g. ufp4+recipe_format=mxint4: train.py keys for this one
+    args = [config, f"--recipe={recipe}", *(f"--{kv}" for kv in own), f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
             "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--warmup_iters=1",
             "--always_save_checkpoint=False", "--final_sample_tokens=0",
             "--overwrite=True"] + list(extra)   # a bench run replaces the one before in out_dir
@@ -43,7 +47,7 @@ def bench_one(config, recipe, warmup, iters, out_dir, extra):
     cfg = train.get_config(args)
     tokens = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     mfus = [r["mfu"] for r in steps if r.get("mfu") is not None]   # none where the peak is unknown
-    return dict(recipe=recipe, step_ms=dt, tok_per_s=tokens / dt * 1000, tokens_per_iter=tokens,
+    return dict(recipe=spec, step_ms=dt, tok_per_s=tokens / dt * 1000, tokens_per_iter=tokens,
                 mfu=statistics.median(mfus) if mfus else None,
                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
                 loss_last=steps[-1]["loss"])
@@ -61,7 +65,8 @@ def main(argv):
     rows = []
     for r in recipes:
         print(f"--- {r}", flush=True)
-        rows.append(bench_one(args.config, r, args.warmup, args.iters, os.path.join(args.out, r), extra))
+        rows.append(bench_one(args.config, r, args.warmup, args.iters,
+                              os.path.join(args.out, r.replace("/", "_")), extra))
     base = rows[0]
     for row in rows:
         row["speed_vs_first"] = row["tok_per_s"] / base["tok_per_s"]

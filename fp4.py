@@ -281,19 +281,76 @@ def quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed):
     return fmt, fmt_col, rht, rht_col, pr, pc
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
-                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None):
+                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None):
     """A 2D tensor [M, K] quantized row-wise (blocks along dim 1) and column-wise (along dim 0),
     each side with its own format, rounding, RHT and seed (fmt_col, rounding_col: the row side's
-    unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, or quantize's
-    where `packed` (a bool, or one per side) says so. Here two calls; kernels.py reads x once."""
+    unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, quantize's where
+    `packed` (a bool, or one per side) says so, to_fp8's where `fp8` (None, or an FP8 dtype or
+    None per side) gives a dtype. Here two calls; kernels.py reads x once."""
     fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
     kernels = kernels_for(x)
     if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
-                                     seed_col, (pr, pc), dtype)
-    sides = ((fmt, rounding, rht, seed, pr, 1), (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, 0))
-    return tuple(quantize(x, f, d, r, h, s) if p else fake_quant(x, f, d, r, h, s, dtype)
-                 for f, r, h, s, p, d in sides)
+                                     seed_col, (pr, pc), dtype, fp8)
+    f8r, f8c = fp8 or (None, None)
+    sides = ((fmt, rounding, rht, seed, pr, f8r, 1),
+             (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, f8c, 0))
+    return tuple(quantize(x, f, d, r, h, s) if p else to_fp8(x, f, d, r, h, s, f8) if f8 else
+                 fake_quant(x, f, d, r, h, s, dtype) for f, r, h, s, p, f8, d in sides)
+
+# FP8 operands. With power-of-two block scales (e8m0) every quantized value q * 2^e is a small
+# integer (int4) or half-integer (e2m1) times a power of two: below one power-of-two scale per
+# tensor it is exactly an FP8 number, unless its block lies more than the FP8 window below the
+# tensor's largest block. So Hopper's FP8 tensor cores can run the 4-bit GEMMs on operands
+# bit-identical to fake_quant's (docs/formats.md, FP8 GEMMs).
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# log2 of the room between the largest block scale and the FP8 maximum: 7 * 2^6 = 448 (e4m3),
+# 7 * 2^13 = 57344 (e5m2); both grids' values (at most 7 and 6) fit
+FP8_ROOM = {E4M3: 6, E5M2: 13}
+FP8_MIN_EXP = -126  # the tensor scale stays a normal fp32 number
+
+def fp8_scale(scales, fp8):
+    """The tensor's power-of-two scale 2^E from its block scales: E = log2(largest block scale) -
+    FP8_ROOM[fp8], at least FP8_MIN_EXP; 1 for an all-zero tensor, NaN if a block is NaN."""
+    top = scales.max() if scales.numel() else scales.new_zeros(())
+    exp = torch.frexp(top.float())[1] - 1 - FP8_ROOM[fp8]
+    scale = torch.ldexp(torch.ones_like(top, dtype=torch.float32), exp.clamp(min=FP8_MIN_EXP))
+    scale = torch.where(top > 0, scale, 1.0)
+    return torch.where(top.isnan(), float("nan"), scale)
+
+def check_fp8(fmt, fp8):
+    fmt = get_format(fmt)
+    if fmt.scale != "e8m0" or fmt.block_2d:
+        raise ValueError(f"FP8 operands need power-of-two (e8m0) block scales in 1D blocks; format "
+                         f"{fmt.name!r} has {fmt.scale} scales{' in 2D tiles' if fmt.block_2d else ''}: "
+                         f"use mxfp4, mxint4 or 'grid/block/e8m0'")
+    if fp8 not in FP8_ROOM:
+        raise ValueError(f"fp8 must be torch.float8_e4m3fn or torch.float8_e5m2, got {fp8}")
+    return fmt
+
+def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
+    """x quantized as quantize() quantizes it, as (values, scale): FP8 values of x's shape with
+    `dim` contiguous in memory (the layout torch._scaled_mm wants of a GEMM operand reduced along
+    it), and the fp32 tensor scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
+    bit for bit except in blocks more than the FP8 window below the largest (fp8_inexact_blocks)."""
+    fmt = check_fp8(fmt, fp8)
+    dim = dim % x.dim()
+    check_blockable(x, fmt, dim, rht)
+    kernels = kernels_for(x)
+    if kernels:
+        return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8)
+    q = quantize(x, fmt, dim, rounding, rht, seed)
+    scale = fp8_scale(q.scales, fp8)
+    values = (dequantize(q, torch.float32).movedim(dim, -1) / scale).to(fp8)
+    return values.movedim(-1, dim), scale
+
+def fp8_inexact_blocks(values, scale, fake, fmt, dim=-1):
+    """(blocks where values * scale differs from fake_quant's `fake`, blocks): the blocks that fell
+    out of the FP8 window (or hold NaN), as two device tensors (no host sync)."""
+    diff = (values.float() * scale != fake.float()).movedim(dim, -1)
+    bad = diff.reshape(*diff.shape[:-1], -1, get_format(fmt).block).any(-1)
+    return bad.sum(), bad.numel()
 
 # -----------------------------------------------------------------------------
 # 3. Random Hadamard transform: Q = diag(s) H_n / sqrt(n), applied to n-chunks along a dim
@@ -354,6 +411,7 @@ class Recipe:
     bf16_first: int = 0            # keep the first N transformer blocks in bf16
     bf16_last: int = 0             # ... and the last N
     bf16_last_fraction: float = 0.0  # ... or the last fraction of them (NVIDIA keeps ~15 %)
+    fp8_gemm: bool = True          # power-of-two-scaled formats: GEMMs on FP8 operands (_uses_fp8)
 
     @property
     def quantized(self):
@@ -375,14 +433,17 @@ RECIPES = {
     "e2m1": _preset("e2m1", "e2m1", ("wgrad",)),
     "nvfp4": _preset("nvfp4", "nvfp4", ("wgrad",), weight_2d=True, bf16_last_fraction=0.15),
     "mxfp4": _preset("mxfp4", "mxfp4", ("wgrad",)),
+    # UFP4's recipe on power-of-two 1x32 block scales: FP8 GEMMs on Hopper (_uses_fp8)
+    "mxint4": _preset("mxint4", "mxint4", ("fprop", "dgrad", "wgrad")),
 }
 GEMMS = ("fprop", "dgrad", "wgrad")
 
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
-                bf16_first=None, bf16_last=None):
+                bf16_first=None, bf16_last=None, fp8_gemm=None):
     """A preset, with ablation overrides (None keeps the preset's choice):
     fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
-    comma list of GEMMs ('fprop,wgrad'); sr_dy: stochastic rounding on dy in Dgrad and Wgrad."""
+    comma list of GEMMs ('fprop,wgrad'); sr_dy: stochastic rounding on dy in Dgrad and Wgrad;
+    fp8_gemm: False keeps power-of-two-scaled formats on the bf16 GEMMs."""
     if isinstance(name, Recipe):
         r = name
     elif name in RECIPES:
@@ -407,7 +468,7 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
         raise ValueError(f"rht_size must be one of {RHT_SIZES}, got {rht_size}")
     changes = dict(gemms)
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
-                     bf16_last=bf16_last).items():
+                     bf16_last=bf16_last, fp8_gemm=fp8_gemm).items():
         if v is not None:
             changes[k] = v
     if bf16_last is not None:
@@ -659,6 +720,74 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         dw = _mm(dyq_w.t(), xq, pad_offs, fp32=True).to(weight.dtype)
     return dx, dw
 
+def _uses_fp8(recipe, counts):
+    """The GEMM path: FP8 GEMMs (torch._scaled_mm) when the recipe allows it and all three GEMMs
+    quantize to power-of-two (e8m0) block scales, for the dense layer (the grouped experts keep
+    the bf16 path); else bf16 GEMMs on fake-quantized operands."""
+    gemms = (recipe.fprop, recipe.dgrad, recipe.wgrad)
+    return (recipe.fp8_gemm and counts is None and not recipe.weight_2d
+            and all(g.fmt and get_format(g.fmt).scale == "e8m0" for g in gemms))
+
+def _fp8_operand(t, op, recipe, dim, fp8, tag):
+    """to_fp8 of operand t (dim contiguous); inside probe_alphas() also recorded, with the
+    blocks that left the FP8 window."""
+    fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr)
+    values, scale = to_fp8(t, fmt, dim, rounding, rht, op.seed, fp8)
+    if PROBE is not None:
+        fake = fake_quant(t, fmt, dim, rounding, rht, op.seed, torch.float32)
+        _record_probe((tag, op.name), rht_transform(t, rht, dim) if rht else t, fake,
+                      fp8_inexact_blocks(values, scale, fake, fmt, dim))
+    return values, scale
+
+def _fp8_pair(t, row, col, recipe, fp8, tag):
+    """_fp8_operand(t, row) along dim -1 and (t, col) along dim 0: from one read of t on the
+    Triton path (kernels.quantize_both), else two calls."""
+    if PROBE is None and kernels_for(t):
+        (fr, rr, hr), (fc, rc, hc) = _qparams(row.gemm, recipe, row.sr), _qparams(col.gemm, recipe, col.sr)
+        return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, fp8=(fp8, fp8))
+    return (_fp8_operand(t, row, recipe, -1, fp8, tag), _fp8_operand(t, col, recipe, 0, fp8, tag))
+
+def _fp8_mm(a, b, out_dtype):
+    """a @ b for FP8 operands (values, scale), a row-major and b column-major: the exact products
+    accumulated in fp32 (no fast accumulation: docs/formats.md, FP8 GEMMs)."""
+    return torch._scaled_mm(a[0], b[0], a[1], b[1], out_dtype=out_dtype, use_fast_accum=False)
+
+def _forward_fp8(x, weight, recipe, dtype, tag, seeds, pack_x):
+    """_forward on FP8 GEMMs: x and W in e4m3. With pack_x also Wgrad's x, quantized along the
+    tokens (padded to whole blocks), as FP8 values [in, T] and scale, for backward."""
+    op = _operands(recipe, seeds)
+    xw = None
+    if pack_x and _wgrad_padding(recipe, x.shape[0], None, x.device)[1] == x.shape[0]:
+        xq, xw = _fp8_pair(x, op.fprop_x, op.wgrad_x, recipe, E4M3, tag)
+    else:
+        xq = _fp8_operand(x, op.fprop_x, recipe, -1, E4M3, tag)
+        if pack_x:
+            xw = _fp8_operand(_wgrad_rows(x, None, recipe)[0], op.wgrad_x, recipe, 0, E4M3, tag)
+    wq, ws = _fp8_operand(weight, op.fprop_w, recipe, -1, E4M3, tag)
+    return _fp8_mm(xq, (wq.t(), ws), dtype), xw
+
+def _backward_fp8(dy, weight, x_or_fp8, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw):
+    """_backward on FP8 GEMMs: dy in e5m2 (wider range: gradients), W and x in e4m3.
+    x_or_fp8: x, or Wgrad's x as forward's FP8 (values, scale)."""
+    op = _operands(recipe, seeds)
+    dy = dy.contiguous()
+    dx = dw = dyw = None
+    unpadded = _wgrad_padding(recipe, dy.shape[0], None, dy.device)[1] == dy.shape[0]
+    if need_dx and need_dw and unpadded:
+        dyq, dyw = _fp8_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, E5M2, tag)
+    elif need_dx:
+        dyq = _fp8_operand(dy, op.dgrad_dy, recipe, -1, E5M2, tag)
+    if need_dx:
+        dx = _fp8_mm(dyq, _fp8_operand(weight, op.dgrad_w, recipe, 0, E4M3, tag), dtype).to(x_dtype)
+    if need_dw:
+        if dyw is None:
+            dyw = _fp8_operand(_wgrad_rows(dy, None, recipe)[0], op.wgrad_dy, recipe, 0, E5M2, tag)
+        xw = x_or_fp8
+        if isinstance(x_or_fp8, torch.Tensor):
+            xw = _fp8_operand(_wgrad_rows(x_or_fp8, None, recipe)[0], op.wgrad_x, recipe, 0, E4M3, tag)
+        dw = _fp8_mm((dyw[0].t(), dyw[1]), xw, torch.float32).to(weight.dtype)
+    return dx, dw
+
 def _seed_device(x):
     """Where a layer's SR seeds live: the GPU for the Triton kernels (they read them there), the
     CPU for the torch reference (which int()s them: free on the CPU, a host sync on the GPU)."""
@@ -693,11 +822,17 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
                tag: str, pack_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
-    tensor scale (empty tensors where there is none)."""
+    tensor scale (empty tensors where there is none); on the FP8 path its FP8 values [in, T] and
+    scale in the first two."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
-    y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x)
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
+    if _uses_fp8(r, counts):
+        y, xw = _forward_fp8(x, weight, r, dtype, tag, seed, _packs_wgrad_x(r, pack_x))
+        if xw is None:
+            return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
+        return y, seed, xw[0].t(), xw[1], none(torch.float32)
+    y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x)
     if q is None:
         return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
     return (y, seed, q.codes, q.scales,
@@ -713,24 +848,34 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
     n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
+    if _uses_fp8(r, counts):
+        return y, seed, empty(x.shape[1], n, dt=E4M3), empty(), empty(0)
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
             empty() if fmt.scale == "e4m3" else empty(0))
+
+def _saved_x(x_saved, recipe, x_dtype):
+    """Wgrad's x as forward saved it: [x] -> x; [codes, scales, tensor scale] -> its QTensor."""
+    if len(x_saved) == 1:
+        return x_saved[0]
+    codes, scales, s_enc = x_saved
+    fmt, _, rht = _qparams(recipe.wgrad, recipe, recipe.wgrad.sr_b)
+    return QTensor(codes, scales, s_enc if s_enc.numel() else None, fmt,
+                   (2 * codes.shape[1], codes.shape[0]), x_dtype, 0, rht)
 
 @torch.library.custom_op("nanofp4::linear_backward", mutates_args=())
 def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: _Tensor,
                         x_saved: list[_Tensor], recipe: str, dtype: torch.dtype,
                         x_dtype: torch.dtype, tag: str, need_dx: bool,
                         need_dw: bool) -> tuple[_Tensor, _Tensor]:
-    """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale]."""
+    """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale], or
+    on the FP8 path [FP8 values [in, T], scale, empty]."""
     r = _RECIPES_BY_KEY[recipe]
-    x_or_q = x_saved[0]
-    if len(x_saved) == 3:
-        codes, scales, s_enc = x_saved
-        fmt, _, rht = _qparams(r.wgrad, r, r.wgrad.sr_b)
-        x_or_q = QTensor(codes, scales, s_enc if s_enc.numel() else None, fmt,
-                         (2 * codes.shape[1], codes.shape[0]), x_dtype, 0, rht)
-    dx, dw = _backward(dy, weight, counts, x_or_q, r, dtype, x_dtype, tag, seed, need_dx,
-                       need_dw)
+    if _uses_fp8(r, counts):
+        x_or_fp8 = (x_saved[0].t(), x_saved[1]) if len(x_saved) == 3 else x_saved[0]
+        dx, dw = _backward_fp8(dy, weight, x_or_fp8, r, dtype, x_dtype, tag, seed, need_dx, need_dw)
+    else:
+        dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype,
+                           tag, seed, need_dx, need_dw)
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))
 
@@ -909,7 +1054,8 @@ PROBE = None  # the dict of an open probe_alphas() block, else None
 def probe_alphas():
     """Live shrinkage telemetry. Inside the block, every quantized GEMM operand adds its terms to
     the yielded dict {(layer tag, operand): [<Q(A),A>, ||A||^2, ||Q(A)-A||^2]} (device tensors,
-    summed over calls); A is in the RHT basis when the GEMM uses one. Operands: fprop_x, fprop_w,
+    summed over calls, with the FP8 path's count of blocks out of its window and of blocks); A is
+    in the RHT basis when the GEMM uses one. Operands: fprop_x, fprop_w,
     dgrad_dy, dgrad_w, wgrad_dy, wgrad_x. No RNG is drawn, so probing leaves training unchanged."""
     global PROBE
     outer, PROBE = PROBE, {}
@@ -918,25 +1064,30 @@ def probe_alphas():
     finally:
         PROBE = outer
 
-def _record_probe(key, ref, q):
+def _record_probe(key, ref, q, fp8_blocks=None):
+    """Adds [<Q(A),A>, ||A||^2, ||Q(A)-A||^2, FP8 blocks out of window, FP8 blocks] to PROBE[key]
+    (the last two 0 for an operand not on the FP8 path)."""
     ref, q = ref.detach().float(), q.detach().float()
-    terms = torch.stack([(q * ref).sum(), (ref * ref).sum(), ((q - ref) ** 2).sum()]).double()
+    inexact, blocks = fp8_blocks if fp8_blocks is not None else (q.new_zeros(()), 0)
+    terms = torch.stack([(q * ref).sum(), (ref * ref).sum(), ((q - ref) ** 2).sum(),
+                         inexact.float(), q.new_tensor(float(blocks))]).double()
     if key in PROBE:
         PROBE[key] += terms
     else:
         PROBE[key] = terms
 
 def probe_summary(probe):
-    """{operand: {layer tag: (alpha, SQNR dB)}} from a probe_alphas() dict (one host sync)."""
+    """{operand: {layer tag: (alpha, SQNR dB, fraction of blocks out of the FP8 window or None
+    off the FP8 path)}} from a probe_alphas() dict (one host sync)."""
     if not probe:
         return {}
     keys = list(probe)
     vals = torch.stack([probe[k] for k in keys]).cpu().tolist()
     out = {}
-    for (tag, operand), (qa, aa, err) in zip(keys, vals):
+    for (tag, operand), (qa, aa, err, inexact, blocks) in zip(keys, vals):
         alpha = qa / aa if aa > 0 else float("nan")
         sqnr = 10 * math.log10(aa / err) if err > 0 and aa > 0 else float("inf")
-        out.setdefault(operand, {})[tag] = (alpha, sqnr)
+        out.setdefault(operand, {})[tag] = (alpha, sqnr, inexact / blocks if blocks else None)
     return out
 
 def bucket_use(q):

@@ -332,7 +332,7 @@ def _off_meta(p):
             p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
             p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
             p + "INV": 1.0, p + "G": 16, p + "SMASK": -1, p + "SEEDPTR": False, p + "FAKE": False,
-            p + "PACKED": False}
+            p + "PACKED": False, p + "FP8": 0}
 
 
 def _seed(seed, device):
@@ -744,6 +744,31 @@ def _s_enc(amax_ptr, senc_ptr, QMAX: tl.constexpr, FIRST):
 
 
 @triton.jit
+def _fp8_inv(amax_ptr, scale_ptr, EMAX: tl.constexpr, ROOM: tl.constexpr, FIRST):
+    """fp4.fp8_scale from the tensor amax (int32 bits, as _amax_kernel leaves them): the largest
+    block scale is 2^max(floor(log2 amax) - EMAX, -127), so the tensor scale is 2^E with
+    E = max(that exponent - ROOM, -126). The first program stores 2^E; returns 2^-E."""
+    bits = tl.load(amax_ptr)
+    amax = bits.to(tl.float32, bitcast=True)
+    e = tl.maximum(tl.maximum(((bits >> 23) & 0xFF) - 127 - EMAX, -127) - ROOM, -126)
+    scale = tl.where(amax > 0, ((e + 127) << 23).to(tl.float32, bitcast=True), 1.0)
+    inv = tl.where(amax > 0, ((127 - e) << 23).to(tl.float32, bitcast=True), 1.0)
+    scale = tl.where(amax == amax, scale, float("nan"))  # a NaN tensor stays NaN
+    tl.store(scale_ptr, scale, mask=FIRST)
+    return tl.where(amax == amax, inv, float("nan"))
+
+
+@triton.jit
+def _store_t(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr):
+    """A column-side tile v [BN, BM] (blocks along M) -> ptr as [N, M] row-major at base: the
+    transposed layout, the blocked dim contiguous (FP8 GEMM operands)."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, BM)
+    off = base + rn[:, None].to(tl.int64) * M + rm[None, :]
+    _st(ptr + off, v, (rn[:, None] < N) & (rm[None, :] < M), EVEN)
+
+
+@triton.jit
 def _quant_kernel(x_ptr, M, N,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
@@ -755,27 +780,30 @@ def _quant_kernel(x_ptr, M, N,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
                   R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
                   R_RHT: tl.constexpr, R_INV: tl.constexpr, R_SMASK: tl.constexpr,
-                  R_SEEDPTR: tl.constexpr, DO_COL: tl.constexpr,
+                  R_SEEDPTR: tl.constexpr, R_FP8: tl.constexpr, DO_COL: tl.constexpr,
                   C_FAKE: tl.constexpr, C_PACKED: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
                   C_E2M1: tl.constexpr, C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
                   C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
                   C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
                   C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
                   C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
-                  C_SEEDPTR: tl.constexpr):
+                  C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr):
     """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
     [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
     in fp4.py); fake outputs in x's layout; EVEN: M % BM == N % BN == 0 (no masks). Each side
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
     read of the tile comes from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a
     pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh.
-    With an e4m3-scaled side (NVFP4, nvint4) the tiles go in reverse launch order: the tensor-amax
+    FP8 (a side's FP8_ROOM, 0: off): the fake values divided by the tensor's power-of-two scale
+    (_fp8_inv, stored in the side's senc) in the output's FP8 dtype; the column side then writes
+    them transposed ([A, N, M]: the blocked dim contiguous, as the FP8 GEMM wants).
+    With an e4m3-scaled or FP8 side the tiles go in reverse launch order: the tensor-amax
     pass has just read x in launch order (in its own tiles), so the first tiles here are roughly
     those it read last, still in L2."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2)
-    if (DO_ROW and R_SCALE == 1) or (DO_COL and C_SCALE == 1):
+    if (DO_ROW and (R_SCALE == 1 or R_FP8 > 0)) or (DO_COL and (C_SCALE == 1 or C_FP8 > 0)):
         pid_m = tl.num_programs(0) - 1 - pid_m
         pid_n = tl.num_programs(1) - 1 - pid_n
         a = tl.num_programs(2) - 1 - a
@@ -801,6 +829,8 @@ def _quant_kernel(x_ptr, M, N,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
                                     R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS, RBITS)
         if R_FAKE:
+            if R_FP8 > 0:
+                deq = deq * _fp8_inv(r_amax, r_senc, R_EMAX, R_FP8, pid_m + pid_n + a == 0)
             _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_PACKED:
             _store_packed(code, sc, a, m0, n0, M, N, r_codes, r_scales, BM, BN, R_BLOCK, R_B2D, R_G)
@@ -820,7 +850,10 @@ def _quant_kernel(x_ptr, M, N,
         code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
                                     C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS, RBITS)
-        if C_FAKE:
+        if C_FAKE and C_FP8 > 0:
+            deq = deq * _fp8_inv(c_amax, c_senc, C_EMAX, C_FP8, pid_m + pid_n + a == 0)
+            _store_t(c_fake, base, deq, m0, n0, M, N, BM, BN, EVEN)
+        elif C_FAKE:
             _store_cols(c_fake, base, deq, m0, n0, M, N, BM, BN, C_G, EVEN)
         if C_PACKED:
             _store_packed(code, sc, a, n0, m0, N, M, c_codes, c_scales, BN, BM, C_BLOCK, C_B2D, C_G)
@@ -993,7 +1026,7 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 @functools.lru_cache(maxsize=None)
 def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
-    RHT, seed in memory, packed; None when off), and the same as the launch cache's key: built
+    RHT, seed in memory, packed, FP8 dtype; None when off), and the same as the launch cache's key: built
     once, not per call."""
     if rbits not in (8, 16):
         raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws 8 or 16 random bits per element")
@@ -1002,9 +1035,10 @@ def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
         if sig is None:
             meta.update(_off_meta(p))
         else:
-            fmt, rounding, rht, seed_ptr, packed = sig
+            fmt, rounding, rht, seed_ptr, packed, fp8 = sig
             meta.update(_side_meta(fmt, rounding, rht, p))
-            meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed})
+            meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed,
+                         p + "FP8": fp4.FP8_ROOM[fp8] if fp8 else 0})
         meta[flag] = sig is not None
     meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
                 enable_fp_fusion=False)
@@ -1012,10 +1046,11 @@ def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
 
 
 class _Side:
-    """One orientation's request (packed: codes + scales, else fake-quantized values) and outputs."""
+    """One orientation's request (packed: codes + scales; fp8: FP8 values + tensor scale; else
+    fake-quantized values) and outputs."""
 
-    def __init__(self, fmt, rounding, rht, seed, device, packed):
-        self.fmt, self.rounding, self.rht, self.packed = fmt, rounding, rht, bool(packed)
+    def __init__(self, fmt, rounding, rht, seed, device, packed, fp8=None):
+        self.fmt, self.rounding, self.rht, self.packed, self.fp8 = fmt, rounding, rht, bool(packed), fp8
         self.seed = _seed(seed, device) if rounding == "sr" else 0
 
 
@@ -1043,8 +1078,9 @@ def _run(x3, row, col, out_dtype, cfg=None):
     if fake_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         fake_dtype = torch.float32
     dummy = torch.empty(1, device=dev, dtype=torch.float32)
-    # NVFP4's tensor amax: one pass over x for both sides (their own RHT), shared when equal
-    nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
+    # the tensor amax of NVFP4 and FP8 sides: one pass over x for both (their own RHT), shared
+    # when equal
+    nv = [s for s in (row, col) if s is not None and (s.fmt.scale == "e4m3" or s.fp8)]
     amaxes = {}
     if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
         amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
@@ -1060,7 +1096,11 @@ def _run(x3, row, col, out_dtype, cfg=None):
             continue
         fmt, blk = side.fmt, side.fmt.block
         NR, NK = (N, M) if col_side else (M, N)
-        side.fake = None if side.packed else torch.empty((A, M, N), device=dev, dtype=fake_dtype)
+        if side.fp8:  # (the interpreter casts to FP8 with ties away from zero: torch casts after)
+            side.fake = torch.empty((A, NR, NK) if col_side else (A, M, N), device=dev,
+                                    dtype=torch.float32 if INTERPRET else side.fp8)
+        else:
+            side.fake = None if side.packed else torch.empty((A, M, N), device=dev, dtype=fake_dtype)
         if side.packed:
             side.codes = torch.empty((A, NR, NK // 2), device=dev, dtype=torch.uint8)
             sshape = (A, NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
@@ -1074,13 +1114,14 @@ def _run(x3, row, col, out_dtype, cfg=None):
                  _signs(side.rht, dev, dummy) if side.rht else dummy, side.seed]
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
-        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed)  # noqa: E731
+        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed, s.fp8)  # noqa: E731
         meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0, mode,
                                      PHILOX_ROUNDS, nw, SR_BITS)
         _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
     for side in (row, col):
-        if side is not None and side.fake is not None and side.fake.dtype != out_dtype:
-            side.fake = side.fake.to(out_dtype)
+        want = side and (side.fp8 or out_dtype)
+        if side is not None and side.fake is not None and side.fake.dtype != want:
+            side.fake = side.fake.to(want)
 
 
 def _as3(x, dim):
@@ -1131,18 +1172,42 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None,
     return side.fake.view(x.shape)
 
 
+def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, _cfg=None):
+    """fp4.to_fp8: (FP8 values of x's shape with `dim` contiguous, fp32 tensor scale), from the
+    tensor-amax pass and one quantize pass."""
+    fp4.check_fp8(fmt, fp8)
+    fmt, dim = _prep(x, fmt, dim, rht)
+    x3, is_col = _as3(x, dim)
+    side = _Side(fmt, rounding, rht, seed, x.device, packed=False, fp8=fp8)
+    _run(x3, None if is_col else side, side if is_col else None, None, _cfg)
+    return _fp8_values(side, x, dim), side.s_enc
+
+
+def _fp8_values(side, x, dim):
+    """An FP8 side's output as a tensor of x's shape (a transposed view for the column side)."""
+    return side.fake.view(x.movedim(dim, -1).shape).movedim(-1, dim)
+
+
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
-                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, _cfg=None):
+                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None,
+                  _cfg=None):
     """fp4.quantize_both: a 2D tensor [M, K] quantized row-wise (blocks along dim 1) and
-    column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant or
-    (if packed) quantize returns for dim=1 and dim=0 with that side's format, rounding, RHT and
-    seed, the same bits as those two calls. packed: a bool, or one per side (row, col)."""
+    column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant,
+    quantize (if packed) or to_fp8 (if fp8) returns for dim=1 and dim=0 with that side's format,
+    rounding, RHT and seed, the same bits as those two calls. packed: a bool, or one per side
+    (row, col); fp8: None, or one FP8 dtype (or None) per side."""
     fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
-    row = _Side(fmt_r, rounding, rr, seed, x.device, pr)
-    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc)
+    f8r, f8c = fp8 or (None, None)
+    for f, f8 in ((fmt_r, f8r), (fmt_c, f8c)):
+        if f8:
+            fp4.check_fp8(f, f8)
+    row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r)
+    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c)
     _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
-    return (_qtensor(x, row, 1, x.shape) if pr else row.fake.view(x.shape),
-            _qtensor(x, col, 0, x.t().shape) if pc else col.fake.view(x.shape))
+    return (_qtensor(x, row, 1, x.shape) if pr else
+            (_fp8_values(row, x, 1), row.s_enc) if f8r else row.fake.view(x.shape),
+            _qtensor(x, col, 0, x.t().shape) if pc else
+            (_fp8_values(col, x, 0), col.s_enc) if f8c else col.fake.view(x.shape))
 
 
 # -----------------------------------------------------------------------------

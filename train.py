@@ -120,6 +120,7 @@ recipe_rht_size = None       # Hadamard transform size
 recipe_weight_2d = None      # 2D (16x16) scale blocks for the weights
 recipe_bf16_first = None     # the first this many blocks stay in bf16
 recipe_bf16_last = None      # the last this many blocks stay in bf16
+recipe_fp8_gemm = None       # False: power-of-two-scaled formats keep bf16 GEMMs (default: FP8 GEMMs)
 backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
 sr_bits = 8                  # random bits per stochastic-rounding draw in the Triton kernels: 8 or 16
 # AdamW (fp32 master weights and states)
@@ -159,7 +160,7 @@ DEFAULTS = defaults_of(globals())
 # keys whose default is None: the type a value must have otherwise
 NULLABLE = dict(recipe_format=str, recipe_rht=str,
                 recipe_sr_dy=bool, recipe_rht_size=int, recipe_weight_2d=bool,
-                recipe_bf16_first=int, recipe_bf16_last=int)
+                recipe_bf16_first=int, recipe_bf16_last=int, recipe_fp8_gemm=bool)
 CHOICES = dict(wandb_mode=("", "offline", "online", "disabled"),
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
                router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"), sr_bits=(8, 16),
@@ -909,16 +910,21 @@ OPERANDS = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 
 def telemetry_record(iter_num, summary):
     """One log record from fp4.probe_summary(): alpha and SQNR per GEMM operand, mean over
-    layers, and alpha per layer."""
+    layers, and alpha per layer; on the FP8 GEMM path also, per operand, the largest fraction
+    over layers of blocks that left the FP8 window (inexact there)."""
     ops = [op for op in OPERANDS if op in summary]
     mean = lambda op, i: sum(v[i] for v in summary[op].values()) / len(summary[op])  # noqa: E731
     num = lambda v, d: round(v, d) if math.isfinite(v) else None  # noqa: E731 (JSON: no NaN/inf)
     layers = {}
     for op in ops:
-        for tag, (alpha, _) in summary[op].items():
+        for tag, (alpha, *_) in summary[op].items():
             layers.setdefault(tag, {})[op] = num(alpha, 6)
-    return dict(type="telemetry", iter=iter_num, alpha={op: num(mean(op, 0), 6) for op in ops},
-                sqnr_db={op: num(mean(op, 1), 3) for op in ops}, layers=layers)
+    rec = dict(type="telemetry", iter=iter_num, alpha={op: num(mean(op, 0), 6) for op in ops},
+               sqnr_db={op: num(mean(op, 1), 3) for op in ops}, layers=layers)
+    fp8 = {op: [v[2] for v in summary[op].values() if v[2] is not None] for op in ops}
+    if any(fp8.values()):
+        rec["fp8_out_of_window"] = {op: max(f) for op, f in fp8.items() if f}
+    return rec
 
 
 def moe_record(raw_model):

@@ -819,3 +819,86 @@ def test_quantizer_never_crashes_or_hides_nonfinite(rows, nblocks, name, roundin
         ok = torch.isfinite(xb).all(-1, keepdim=True).expand_as(xb) & torch.isfinite(yb)
         amax = xb.abs().amax(-1, keepdim=True).expand_as(xb)
         assert (yb.abs()[ok] <= amax[ok] * (1 + 1e-5) + 1e-38).all()
+
+
+# -----------------------------------------------------------------------------
+# FP8 operands and the FP8 GEMM path (power-of-two block scales)
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4", "int4/16/e8m0"])
+@pytest.mark.parametrize("fp8", [fp4.E4M3, fp4.E5M2])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_to_fp8_is_fake_quant_times_a_power_of_two(name, fp8, dim):
+    torch.manual_seed(3)
+    x = torch.randn(64, 96) * torch.exp2(torch.randint(-6, 6, (64, 1)).float())
+    v, s = fp4.to_fp8(x, name, dim=dim, fp8=fp8)
+    assert v.dtype == fp8 and v.stride(dim) == 1
+    assert torch.frexp(s)[0].item() == 0.5, "the tensor scale is a power of two"
+    fake = fp4.fake_quant(x, name, dim=dim, dtype=torch.float32)
+    assert torch.equal(v.float() * s, fake)
+    bad, n = fp4.fp8_inexact_blocks(v, s, fake, name, dim)
+    assert bad.item() == 0 and n == x.numel() // fp4.get_format(name).block
+
+
+def test_to_fp8_counts_the_blocks_below_its_window():
+    """int4 in e4m3 holds 16 binades of block scale below the largest, e5m2 30: a block 2^20
+    below the rest is inexact in e4m3 (counted), exact in e5m2."""
+    x = torch.randn(4, 64)
+    x[1, :32] *= 2.0 ** -20
+    for fp8, expect in ((fp4.E4M3, 1), (fp4.E5M2, 0)):
+        v, s = fp4.to_fp8(x, "mxint4", fp8=fp8)
+        fake = fp4.fake_quant(x, "mxint4", dtype=torch.float32)
+        bad, n = fp4.fp8_inexact_blocks(v, s, fake, "mxint4")
+        assert (bad.item(), n) == (expect, 8)
+        assert (v.float() * s != fake)[1, :32].any().item() == bool(expect)
+
+
+def test_fp8_scale_edges():
+    assert fp4.fp8_scale(torch.zeros(3), fp4.E4M3).item() == 1.0
+    assert fp4.fp8_scale(torch.tensor([0.5, float("nan")]), fp4.E4M3).isnan()
+    assert fp4.fp8_scale(torch.tensor([2.0 ** 10, 1.0]), fp4.E4M3).item() == 2.0 ** 4
+    assert fp4.fp8_scale(torch.tensor([2.0 ** -127]), fp4.E5M2).item() == 2.0 ** -126  # kept normal
+
+
+def test_to_fp8_rejects_formats_without_power_of_two_scales():
+    for name in ("ufp4", "nvfp4", "e2m1"):
+        with pytest.raises(ValueError, match="power-of-two"):
+            fp4.to_fp8(torch.randn(4, 32), name)
+
+
+def test_uses_fp8_dispatch():
+    assert fp4._uses_fp8(fp4.make_recipe("mxfp4"), None)
+    assert fp4._uses_fp8(fp4.make_recipe("mxint4"), None)
+    assert fp4._uses_fp8(fp4.make_recipe("ufp4", fmt="int4/16/e8m0"), None)
+    assert not fp4._uses_fp8(fp4.make_recipe("ufp4"), None)
+    assert not fp4._uses_fp8(fp4.make_recipe("nvfp4"), None)
+    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=False), None)
+    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4"), torch.tensor([3, 5]))  # experts: bf16 GEMMs
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
+def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name):
+    """Same operands, fp32 products on the CPU: y, dx and dW agree bit for bit; the backward
+    keeps Wgrad's x as FP8 (1 byte an element, not the 2 of x)."""
+    x = torch.randn(64, 96)
+    w = torch.randn(128, 96)
+    outs = []
+    for on in (True, False):
+        r = fp4.make_recipe(name, fp8_gemm=on)
+        xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        torch.manual_seed(1)
+        y = fp4.fp4_linear(xi, wi, r)
+        y.backward(torch.randn_like(y))
+        outs.append((y.detach(), xi.grad, wi.grad))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    lin = fp4.FP4Linear(96, 128, bias=False, recipe=name)
+    assert fp4.saved_bytes(lin, torch.randn(64, 96)) == 64 * 96 + 4 + 6 * 8  # FP8 x, scale, seeds
+
+
+def test_fp8_telemetry_reports_the_window():
+    x, w = torch.randn(64, 96, requires_grad=True), torch.randn(128, 96, requires_grad=True)
+    for name, expect in (("mxfp4", 0.0), ("ufp4", None)):
+        with fp4.probe_alphas() as p:
+            fp4.fp4_linear(x, w, name, tag="l").sum().backward()
+        summary = fp4.probe_summary(p)
+        assert {v["l"][2] for v in summary.values()} == {expect}

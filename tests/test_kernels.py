@@ -921,3 +921,50 @@ def test_module_surface(monkeypatch):
         kernels.quantize(torch.randn(8, 24), "ufp4")   # 24 is not a multiple of 16
     with pytest.raises(ValueError):
         kernels.fake_quant(torch.randn(8, 32), "ufp4", rounding="up")
+
+
+# -----------------------------------------------------------------------------
+# FP8 operands (power-of-two block scales)
+
+def _f8bits(v):
+    return v.contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4", "int4/16/e8m0"])
+@pytest.mark.parametrize("fp8", [fp4.E4M3, fp4.E5M2])
+@pytest.mark.parametrize("dim,rht", [(-1, None), (0, None), (-1, 16), (0, 32)])
+def test_to_fp8_matches_reference(name, fp8, dim, rht):
+    torch.manual_seed(hash((name, str(fp8), dim, rht)) % 1000)
+    # rows spread over 2^-12..2^12: some blocks fall out of e4m3's window (same bits all the same)
+    x = (torch.randn(64, 96) * torch.exp2(torch.randint(-12, 12, (64, 1)).float())).to(torch.bfloat16)
+    v, s = kernels.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8)
+    rv, rs = fp4.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8)
+    assert v.dtype == fp8 and v.shape == x.shape and v.stride() == rv.stride()
+    assert v.stride(dim) == 1, "the blocked dim is contiguous (the FP8 GEMM's operand layout)"
+    assert torch.equal(_f8bits(v), _f8bits(rv)) and torch.equal(s, rs)
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
+def test_to_fp8_sr_and_pair_equal_fake_quant(name):
+    """SR draws differ from the reference's: the kernel's FP8 values times the scale equal its own
+    fake_quant with the same seed; quantize_both gives both sides from one read."""
+    x = torch.randn(64, 128).to(torch.bfloat16)
+    (a, sa), (b, sb) = kernels.quantize_both(x, name, rounding="sr", rht_col=16, seed=7,
+                                             seed_col=7, fp8=(fp4.E5M2, fp4.E5M2))
+    fa = kernels.fake_quant(x, name, dim=1, rounding="sr", seed=7, dtype=torch.float32)
+    fb = kernels.fake_quant(x, name, dim=0, rounding="sr", rht=16, seed=7, dtype=torch.float32)
+    assert_same(a.float() * sa, fa, "row")
+    assert_same(b.float() * sb, fb, "col")
+    v, s = kernels.to_fp8(x, name, dim=0, rounding="sr", rht=16, seed=7, fp8=fp4.E5M2)
+    assert torch.equal(_f8bits(v), _f8bits(b)) and torch.equal(s, sb)
+
+
+def test_to_fp8_zero_and_nan_tensors():
+    z = torch.zeros(32, 64)
+    v, s = kernels.to_fp8(z, "mxfp4")
+    assert s.item() == 1.0 and not v.float().any()
+    x = torch.randn(32, 64)
+    x[3, 5] = float("nan")
+    v, s = kernels.to_fp8(x, "mxint4", dim=0)
+    rv, rs = fp4.to_fp8(x, "mxint4", dim=0)
+    assert s.isnan() and rs.isnan() and v.float().isnan().all() and rv.float().isnan().all()

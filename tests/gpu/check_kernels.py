@@ -65,13 +65,14 @@ def ref(fn, *a, **k):
 
 
 PART = (0, 1)  # (k, n): run only checks k, k + n, k + 2n, ... (parallel processes compile in parallel)
+ONLY = ""      # run only the checks whose name contains this
 _COUNTER = [0]
 
 
 def check(name, fn):
     i = _COUNTER[0]
     _COUNTER[0] += 1
-    if i % PART[1] != PART[0]:
+    if i % PART[1] != PART[0] or ONLY.lower() not in name.lower():
         return
     t = time.time()
     try:
@@ -147,8 +148,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--part", default="0/1", help="k/n: this process runs every n-th check from k")
+    ap.add_argument("--only", default="", help="run only the checks whose name contains this (any case)")
     args = ap.parse_args()
-    global PART
+    global PART, ONLY
+    ONLY = args.only
     PART = tuple(int(v) for v in args.part.split("/"))
     big = (4096, 4096) if args.quick else (8192, 8192)
     tall = (4096, 2048) if args.quick else (16384, 4096)
@@ -349,6 +352,57 @@ def main():
     for rn in ("ufp4", "nvfp4", "mxfp4", "e2m1"):
         check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear(rn, False))
     check("FP4Linear nvfp4 with SR dy: close", lambda: linear("nvfp4", True))
+
+    def fp8_operands():
+        x = randn(*tall, seed=20)
+        for name in ("mxfp4", "mxint4", "int4/16/e8m0"):
+            for f8 in (fp4.E4M3, fp4.E5M2):
+                for dim, rht in ((-1, None), (0, None), (-1, 16), (0, 32)):
+                    v, s = kernels.to_fp8(x, name, dim=dim, rht=rht, fp8=f8)
+                    rv, rs = ref(fp4.to_fp8, x, name, dim=dim, rht=rht, fp8=f8)
+                    what = f"{name} {f8} dim={dim} rht={rht}"
+                    assert v.stride() == rv.stride(), f"{what}: strides {v.stride()} vs {rv.stride()}"
+                    same(v.contiguous().view(torch.uint8), rv.contiguous().view(torch.uint8), what)
+                    same(s, rs, what + " scale")
+        (a, sa), (b, sb) = kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,
+                                                 seed_col=3, fp8=(fp4.E5M2, fp4.E5M2))
+        fa = kernels.fake_quant(x, "mxint4", dim=1, rounding="sr", seed=3, dtype=torch.float32)
+        fb = kernels.fake_quant(x, "mxint4", dim=0, rht=16, rounding="sr", seed=3, dtype=torch.float32)
+        same(a.float() * sa, fa, "pair row (SR) vs fake_quant")
+        same(b.float() * sb, fb, "pair col (SR, RHT) vs fake_quant")
+    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT)", fp8_operands)
+
+    def fp8_gemm_exact():
+        T = 4096 if args.quick else 16384
+        x, w = randn(T, 3072, seed=21), randn(768, 3072, seed=22)
+        (xv, xs), (wv, ws) = kernels.to_fp8(x, "mxint4"), kernels.to_fp8(w, "mxint4")
+        exact = (xv.double() * xs.double()) @ (wv.double() * ws.double()).t()
+        for fast in (False, True):
+            got = torch._scaled_mm(xv, wv.t(), xs, ws, out_dtype=torch.float32, use_fast_accum=fast)
+            rel = ((got.double() - exact).norm() / exact.norm()).item()
+            print(f"      fc2-shaped FP8 GEMM, fast accumulation {fast}: relative error {rel:.2e}")
+            assert rel < (1e-6 if not fast else 1e-4), f"fast={fast}: relative error {rel:.2e}"
+    check("FP8 GEMM vs the exact product of its operands (fc2 shape)", fp8_gemm_exact)
+
+    def fp8_layer(recipe_name):
+        T, IN, OUT = (4096, 2048, 2048) if args.quick else (16384, 4096, 4096)
+        outs = []
+        for on in (True, False):
+            recipe = fp4.make_recipe(recipe_name, sr_dy=False, fp8_gemm=on)
+            assert fp4._uses_fp8(recipe, None) == on
+            torch.manual_seed(0)
+            lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
+            xi = (randn(T, IN, seed=10, dtype=torch.float32) * 0.01).requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = lin(xi)
+            y.backward(randn(T, OUT, seed=12).to(y.dtype))
+            outs.append((y.detach().float(), xi.grad.float(), lin.weight.grad.float()))
+        for nm, a, b in zip(("y", "dx", "dW"), *outs):
+            rel = ((a - b).norm() / b.norm()).item()
+            assert rel < 5e-3, f"{recipe_name} {nm}: FP8 vs bf16 GEMMs relative difference {rel:.2e}"
+    for rn in ("mxfp4", "mxint4"):
+        check(f"FP4Linear {rn} on FP8 GEMMs == on bf16 GEMMs (to bf16 rounding), no SR",
+              lambda: fp8_layer(rn))
 
     n_fail = sum(r[1] != "ok" for r in RESULTS)
     print(f"\n[part {args.part}] {len(RESULTS) - n_fail}/{len(RESULTS)} checks passed in {time.time() - t0:.0f}s")
