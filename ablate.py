@@ -3,12 +3,14 @@ ablate.py: compare FP4 recipes ("arms") by training through train.py, paired so 
 a few thousandths of a nat resolve.
 
     python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=headline --fork_at=1000 \
-        --eval_iters=100 --parallel=6 --out=out/fork_gpt
+        --eval_iters=100 --parallel=8 --gpus=0 --drop_fork_ckpts --out=out/fork_gpt
     python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=placement,formats ... (same --out)
     python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-3 --base_recipe=e2m1,ufp4 \
         --arms=e2m1,ufp4 --ref=e2m1 --out=out/cross_gpt          # the crossover
     python ablate.py report --out=out/fork_gpt        # the tables again, from every finished run
     python ablate.py pack --out=out/fork_gpt --to=runs.tgz   # logs only: for the next sitting
+    python ablate.py pack --out=out/fork_gpt --to=runs.tgz --merge=runs.tgz   # add to earlier runs
+    python ablate.py report --runs=runs.tgz --out=DIR # the tables of the packed runs, into DIR
     python ablate.py seeds configs/gpt_ablate.py --arms=bf16,e2m1,ufp4 --seeds=0,1   # the older design
 
 The forked design (`fork`, the headline). A base is a run of `--base_recipe` (bf16 by default)
@@ -36,14 +38,17 @@ and ignores sr_bits: there both contrasts are 0. For the same reason a base trai
 another base: every fork records which training of its base it started from (the base's losses
 at the fork point), and the report pairs only forks of one training.
 
-Runs: bases first (one job per fork point, resumed from the previous one), then the forks, at
-most --parallel at once, spread over --gpus (each run on the GPU with the fewest of ours). No
-memory-aware packing: six forks of the 33.6M-parameter configs/gpu/ablate_gpt.py shared one H200
-comfortably (seven took 88 GB), twelve ran out of memory. Finished runs are skipped and
-interrupted ones resume from their last checkpoint, so a sweep spreads over sittings (--stop_after
-ends a sitting on time); the report always covers every finished run in --out. A sitting on a
-fresh machine needs only the logs of earlier ones (`pack`, then unpack into --out): finished forks
-are skipped, and only the bases that unfinished forks start from are trained again.
+Runs: bases first (one job per fork point, resumed from the previous one), then the forks, at most
+--parallel at once, spread over --gpus (each run on the GPU with the fewest of ours). No
+memory-aware packing: eight forks of the 33.6M-parameter configs/gpu/ablate_gpt.py share one H200
+(126,516 MiB at the peak), twelve ran out of memory. Start the CUDA MPS daemon first
+(`nvidia-cuda-mps-control -d`): without it the processes of one GPU time-slice instead of running
+concurrently. Finished runs are skipped and interrupted ones resume from their last checkpoint, so
+a sweep spreads over sittings (--stop_after ends a sitting on time); the report always covers every
+finished run in --out. A sitting on a fresh machine needs only the logs of earlier ones (`pack`,
+then unpack into --out): finished forks are skipped, and only the bases that unfinished forks start
+from are trained again. Or it runs in an empty --out (new bases, say) and `pack --merge` adds its
+runs to the earlier archive; `report --runs` then recomputes the tables from all of them.
 Layout of --out: bases/<recipe>_s<seed> (the base's run), bases/<recipe>_s<seed>_at<p>/ckpt.pt
 (its state at step p, a hard link), forks/<recipe>_s<seed>_at<p>_to<end>/<arm> (one fork),
 logs/ (train.py's output), ablate.json (config and overrides: later sittings must match),
@@ -112,6 +117,16 @@ PAPER_REDUCTION_PCT = (("dense 1.5B", 23.0), ("MoE 7.9B", 21.7), ("MoE 124B", 19
 PAPER_LOSS = {  # the RHT-placement ablation: mean LM loss, int4 grid, SR on dy unless said
     "int4_rht_none": 1.89202, "int4_rht_wgrad": 1.88721, "int4_rht_dgrad_wgrad": 1.88912,
     "int4_rht_fprop_wgrad": 1.88558, "ufp4": 1.88079, "ufp4_no_sr": 1.88535,
+}
+# The formats table (against ufp4): grid, block, scale and RHT of each arm; all SR on dy.
+FORMAT_OF = {
+    "ufp4": "int4, 1x16, fp32 scale; RHT on all three",
+    "e2m1": "e2m1, 1x16, fp32 scale; RHT on Wgrad",
+    "nvfp4": "e2m1, 1x16 (W 16x16), e4m3 + fp32 tensor scale; RHT on Wgrad; last 15 % of blocks bf16",
+    "mxfp4": "e2m1, 1x32, e8m0 scale; RHT on Wgrad",
+    "nvint4": "int4, 1x16, e4m3 + fp32 tensor scale; RHT on all three",
+    "ufp4_e8m0": "int4, 1x16, e8m0 scale; RHT on all three",
+    "mxint4": "int4, 1x32, e8m0 scale; RHT on all three",
 }
 # keys ablate.py sets itself: an extra --key=value may not change them
 OWN_KEYS = ("out_dir", "seed", "max_iters", "lr_decay_iters", "init_from", "resume_from",
@@ -399,20 +414,58 @@ def needed(jobs):
     return [j for j in jobs if j.name.startswith("fork/") or j.name in want]
 
 
-def pack(out, path):
+PACKED = ("ablate.json", "summary.md", "summary.json", "fork_curves.png", "log.jsonl", "done.json")
+
+
+def pack(out, path, merge=None):
     """What the report needs from --out, and what the next sitting needs to skip finished forks:
     ablate.json, every run's log.jsonl and done.json, the stdout logs and the summary (no
-    checkpoints). Unpack with `tar xzf PATH -C FOLDER`, where FOLDER holds --out."""
+    checkpoints), under one folder named like --out. Unpack with `tar xzf PATH -C FOLDER`, where
+    FOLDER holds --out. With `merge`, an earlier pack's runs come along (see merge_packed): a
+    sitting on a fresh machine adds its runs to the archive of the earlier ones (PATH may be it)."""
     import tarfile
-    keep = ("ablate.json", "summary.md", "summary.json", "fork_curves.png", "log.jsonl", "done.json")
-    parent = os.path.dirname(os.path.abspath(out))
-    with tarfile.open(path, "w:gz") as tar:
-        for root, _, files in os.walk(out):
-            for f in sorted(files):
-                if f in keep or os.path.basename(root) == "logs":
-                    full = os.path.join(root, f)
-                    tar.add(full, arcname=os.path.relpath(os.path.abspath(full), parent))
+    name = os.path.basename(os.path.abspath(out))
+    new = {}   # name in the archive -> file on disk
+    for root, _, files in os.walk(out):
+        for f in sorted(files):
+            if f in PACKED or os.path.basename(root) == "logs":
+                full = os.path.join(root, f)
+                new[os.path.join(name, os.path.relpath(full, out))] = full
+    with tarfile.open(path + ".tmp", "w:gz") as tar:
+        if merge:
+            merge_packed(tar, merge, name, new)
+        for arc in sorted(new):
+            tar.add(new[arc], arcname=arc)
+    os.replace(path + ".tmp", path)
     print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+
+
+def merge_packed(tar, archive, name, new):
+    """Writes into `tar` the files of an earlier pack that `new` ({name in the archive: file}, this
+    --out's) does not replace. A run (a folder with a log.jsonl) comes whole from one side: this
+    --out's, unless only the earlier one finished (has done.json); any other file from --out
+    replaces the earlier one's. The two must be runs of one config (the same ablate.json)."""
+    import tarfile
+    with tarfile.open(archive) as old:
+        files = {f"{name}/{m.name.split('/', 1)[1]}": m for m in old.getmembers()
+                 if m.isfile() and "/" in m.name}   # the earlier folder's name -> --out's
+        stamp = os.path.join(name, "ablate.json")
+        if stamp in files and stamp in new:
+            if json.load(old.extractfile(files[stamp])) != json.load(open(new[stamp])):
+                sys.exit(f"error: {archive} holds runs of another config or overrides than "
+                         f"{new[stamp]}: they do not pair; pack them apart")
+        runs = lambda arcs: {os.path.dirname(a) for a in arcs if a.endswith("/log.jsonl")}  # noqa: E731
+        for run in runs(files) & runs(new):
+            earlier_only = f"{run}/done.json" in files and f"{run}/done.json" not in new
+            print(f"{run}: in both; keeping {'the earlier, finished' if earlier_only else 'this'} one")
+            drop = new if earlier_only else files
+            for arc in [a for a in drop if a.startswith(run + "/")]:
+                del drop[arc]
+        for arc, m in sorted(files.items()):
+            if arc not in new:
+                info = tarfile.TarInfo(arc)
+                info.size, info.mtime, info.mode = m.size, m.mtime, m.mode
+                tar.addfile(info, old.extractfile(m))
 
 
 def make_plan(args, extra, parser):
@@ -574,6 +627,7 @@ def group_summary(runs, ref):
         out["contrasts"] = contrast_rows(runs, arms, ref)
     if "ufp4" in runs:
         out["placement"] = contrast_rows(runs, [a for a in PAPER_LOSS if a in runs], "ufp4")
+        out["formats"] = contrast_rows(runs, [a for a in FORMAT_OF if a in runs], "ufp4")
     if ref in runs and {"ufp4", "e2m1"} <= set(runs):
         out["gap_reduction"] = {}
         for score in ("train", "val"):
@@ -624,11 +678,12 @@ def _per_base(c):
     return ", ".join(f"s{s} {d:+.5f}" for s, d in c["per_base"].items()) or "-"
 
 
-def contrast_table(rows, paper):
-    """Markdown rows: each arm's mean scores and its paired contrast to the row's reference."""
+def contrast_table(rows, paper, last="paper"):
+    """Markdown rows: each arm's mean scores and its paired contrast to the row's reference; the
+    last column, `paper(arm)`, headed `last`."""
     ref = rows[0]["ref"]
     lines = [f"| arm | bases | train loss, fork window | Δ vs {ref} (nats) | Δ (%) | val loss at end "
-             f"| Δ vs {ref} (nats) | Δ (%) | per-base Δ train | per-base Δ val | paper |",
+             f"| Δ vs {ref} (nats) | Δ (%) | per-base Δ train | per-base Δ val | {last} |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, v = r["train"], r["val"]
@@ -696,6 +751,10 @@ def group_markdown(key, g):
         out += ["", "RHT placement on the int4 grid, against ufp4 (RHT on all three GEMMs); paper: its "
                 "1.5B dense model's mean LM loss minus its UFP4's (whole runs):", ""]
         out += contrast_table(g["placement"], lambda a: f"{PAPER_LOSS[a] - PAPER_LOSS['ufp4']:+.5f}")
+    if len(g.get("formats", [])) > 1:
+        out += ["", "Formats against ufp4: the grid, the block, the scale (e8m0: a power of two), "
+                "SR on dy in every row:", ""]
+        out += contrast_table(g["formats"], FORMAT_OF.get, last="format")
     return out + [""]
 
 
@@ -717,33 +776,54 @@ HOW_TO_READ = """\
 How to read this: a fork continues a base from its checkpoint at the fork point under one arm's
 recipe, on the same batches; its scores are the mean train loss over the fork window (every step
 logged) and the val loss at the end (the same eval batches for every fork of a base, evaluated
-under the arm's own recipe, quantized forward included). Δ is arm
-minus reference, paired by base: mean ± SE over bases (SE needs 2 bases), in nats and in % of the
-reference. A fork measures the recipe's effect over its window only, not over a whole run. The
+under the arm's own recipe, quantized forward included). Δ is arm minus reference, paired by base:
+mean ± SE over bases (SE needs 2 bases), in nats and in % of the reference; the loss columns
+average the bases the arm ran on, so between arms run on different bases compare the Δ columns, not
+the losses. A fork measures the recipe's effect over its window only, not over a whole run. The
 paper's numbers come from whole training runs of 1.5B-124B models: they say which direction and
 roughly how large, they are not a measurement of the same quantity.
 """
 
 
-def fork_report(out, ref):
+def fork_report(out, ref, dest=None, header=None):
+    """summary.md, summary.json and fork_curves.png of the finished forks in `out`, written into
+    `dest` (default `out`); `header`, a line put first in summary.md."""
+    dest = dest or out
     groups = collect_forks(out)
     summary = dict(ref=ref, groups=[dict(base_recipe=k[0], fork_at=k[1], end=k[2], eval_iters=k[3],
                                          **group_summary(runs, ref)) for k, runs in sorted(groups.items())],
                    crossover=crossover(groups))
-    md = ["# Forked ablation", "", HOW_TO_READ]
+    md = ([header, ""] if header else []) + ["# Forked ablation", "", HOW_TO_READ]
     for key, g in zip(sorted(groups), summary["groups"]):
         md += group_markdown(key, g)
     md += crossover_markdown(summary["crossover"])
     if not groups:
         md.append("No finished forks yet.")
     text = "\n".join(md)
-    with open(os.path.join(out, "summary.md"), "w") as f:
+    with open(os.path.join(dest, "summary.md"), "w") as f:
         f.write(text + "\n")
-    write_json(os.path.join(out, "summary.json"), summary)
+    write_json(os.path.join(dest, "summary.json"), summary)
     if groups:
-        plot_forks(groups, ref, os.path.join(out, "fork_curves.png"))
+        plot_forks(groups, ref, os.path.join(dest, "fork_curves.png"))
     print(text)
     return summary
+
+
+def report_packed(archive, dest, ref):
+    """The report of the forks packed in `archive` (`ablate.py pack`), written into `dest`: the
+    archive is unpacked into a temporary folder, removed afterwards."""
+    import tarfile
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        roots = [os.path.dirname(d) for d in glob.glob(os.path.join(tmp, "*", "forks"))]
+        if len(roots) != 1:
+            sys.exit(f"error: {archive} should hold one folder with the forks (forks/) of an --out, "
+                     f"as `ablate.py pack` writes; found {len(roots)}")
+        os.makedirs(dest, exist_ok=True)
+        return fork_report(roots[0], ref, dest, header=f"The runs packed in `{archive}`: "
+                           f"`python ablate.py report --runs={archive} --out={dest}`.")
 
 
 def _smooth(xs, k):
@@ -1017,13 +1097,18 @@ def build_parser():
     f.add_argument("--ref", default="bf16", help="the arm every contrast is taken against")
     f.add_argument("--drop_fork_ckpts", action="store_true", help="delete a finished fork's "
                    "checkpoints (its log is all the report needs): saves disk on large sweeps")
-    r = sub.add_parser("report", help="redo the report from every finished run in --out")
-    r.add_argument("--out", required=True)
+    r = sub.add_parser("report", help="redo the report from every finished run in --out (or in "
+                       "--runs)")
+    r.add_argument("--out", required=True, help="the runs, and where the report goes")
+    r.add_argument("--runs", default="", help="a .tar.gz of `pack`: the forks to report on (then "
+                   "--out is only where the report goes)")
     r.add_argument("--ref", default="bf16")
     k = sub.add_parser("pack", help="a .tar.gz of --out's logs and done markers (no checkpoints): what "
                        "a later sitting or the report needs")
     k.add_argument("--out", required=True)
     k.add_argument("--to", required=True, help="the .tar.gz to write")
+    k.add_argument("--merge", default="", help="an earlier pack whose runs the new one keeps "
+                   "(--out's replace those of the same name); may be --to itself")
     s = sub.add_parser("seeds", help="the seed-per-arm design (every arm from scratch per seed)")
     s.add_argument("config")
     s.add_argument("--arms", default="paper_gpt",
@@ -1033,7 +1118,7 @@ def build_parser():
     for q in (f, s):
         q.add_argument("--out", default="" if q is s else None, required=q is f)
         q.add_argument("--parallel", type=int, default=1, help="runs at once (they may share a GPU: "
-                       "6 forks of configs/gpu/ablate_gpt.py fit one H200, 12 did not)")
+                       "8 forks of configs/gpu/ablate_gpt.py fit one H200, 12 did not)")
         q.add_argument("--gpus", default="", help="comma list of GPU ids to spread the runs over")
         q.add_argument("--stop_after", type=float, default=0, help="seconds; then stop the runs "
                        "(they resume at the next call) and report what finished")
@@ -1049,12 +1134,14 @@ def main(argv):
     args, extra = p.parse_known_args(argv)
     if args.cmd == "pack":
         if extra:
-            p.error(f"pack takes only --out and --to, got {extra}")
-        return pack(args.out, args.to)
+            p.error(f"pack takes only --out, --to and --merge, got {extra}")
+        return pack(args.out, args.to, args.merge)
     if args.cmd == "report":
         if extra:
-            p.error(f"report takes only --out and --ref, got {extra}")
-        if os.path.isdir(os.path.join(args.out, "forks")):
+            p.error(f"report takes only --out, --runs and --ref, got {extra}")
+        if args.runs:
+            report_packed(args.runs, args.out, args.ref)
+        elif os.path.isdir(os.path.join(args.out, "forks")):
             fork_report(args.out, args.ref)
         else:
             arms, seeds = find_seed_runs(args.out)

@@ -326,3 +326,90 @@ def test_a_fork_runs_again_when_its_base_was_trained_again_differently(tmp_path)
         with open(os.path.join(base, "log.jsonl"), "w") as f:
             f.write(json.dumps(dict(type="eval", iter=6, train_loss=2.0, val_loss=val)) + "\n")
         assert fork.done() is done
+
+
+def fake_fork(out, seed, arm, offset, done=True, base_fp=(3.0, 3.1), fork_at=4, end=8):
+    """A fork's log (every step of the window, the eval at the end) and done marker, written by
+    hand: losses 2 + offset + 0.01 i at step i, val 2.5 + offset."""
+    d = os.path.join(out, "forks", f"bf16_s{seed}_at{fork_at}_to{end}", arm)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "log.jsonl"), "w") as f:
+        for i in range(fork_at, end):
+            f.write(json.dumps(dict(type="train", iter=i, loss=2.0 + offset + 0.01 * i)) + "\n")
+        f.write(json.dumps(dict(type="eval", iter=end, train_loss=2.4, val_loss=2.5 + offset)) + "\n")
+    if done:
+        with open(os.path.join(d, "done.json"), "w") as f:
+            json.dump(dict(arm=arm, overrides=ablate.ARMS[arm], base_recipe="bf16", seed=seed,
+                           fork_at=fork_at, end=end, eval_iters=2, base_fp=list(base_fp)), f)
+    open(os.path.join(d, "ckpt.pt"), "w").close()   # packs leave checkpoints out
+    return d
+
+
+def fake_sitting(out, gaps, stamp=None):
+    """An --out with forks of bf16 bases: gaps {seed: {arm: offset}} (bf16 at 0 is added)."""
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    with open(os.path.join(out, "ablate.json"), "w") as f:
+        json.dump(stamp or dict(config="cfg.py", extra=[], schedule=8, eval_iters=2), f)
+    for seed, arms in gaps.items():
+        for arm, offset in {"bf16": 0.0, **arms}.items():
+            fake_fork(out, seed, arm, offset)
+            with open(os.path.join(out, "logs", f"fork__bf16_s{seed}_at4_to8__{arm}.txt"), "w") as f:
+                f.write(f"{arm} s{seed}\n")
+
+
+def test_report_from_a_packed_archive_and_a_later_sitting_merged_into_it(tmp_path):
+    first, later = str(tmp_path / "a" / "fork"), str(tmp_path / "b" / "fork")
+    fake_sitting(first, {0: {"e2m1": 0.02, "ufp4": 0.015, "ufp4_e8m0": 0.025},
+                         1: {"e2m1": 0.03, "ufp4": 0.025, "ufp4_e8m0": 0.035}})
+    fake_fork(first, 1, "mxint4", 0.04, done=False)   # stopped: a later sitting finishes it
+    archive, dest = str(tmp_path / "runs.tgz"), str(tmp_path / "report")
+    ablate.main(["pack", f"--out={first}", f"--to={archive}"])
+    ablate.main(["report", f"--runs={archive}", f"--out={dest}"])
+    assert sorted(os.listdir(dest)) == ["fork_curves.png", "summary.json", "summary.md"]
+    md = open(os.path.join(dest, "summary.md")).read()
+    assert md.startswith(f"The runs packed in `{archive}`: `python ablate.py report --runs={archive} "
+                         f"--out={dest}`.")
+    (g,) = json.load(open(os.path.join(dest, "summary.json")))["groups"]
+    rows = {r["arm"]: r for r in g["contrasts"]}
+    assert g["bases"] == [0, 1] and "mxint4" not in rows            # an unfinished fork is no row
+    assert rows["e2m1"]["train"]["vs_ref"]["mean"] == pytest.approx(0.025, abs=1e-12)
+    assert rows["e2m1"]["val"]["vs_ref"]["per_base"] == pytest.approx({"0": 0.02, "1": 0.03}, abs=1e-12)
+    assert g["gap_reduction"]["train"]["estimate"] == pytest.approx(1 - 0.02 / 0.025, abs=1e-9)
+    fmt = {r["arm"]: r for r in g["formats"]}   # the power-of-two scale against ufp4
+    assert fmt["ufp4_e8m0"]["train"]["vs_ref"]["mean"] == pytest.approx(0.01, abs=1e-12)
+    assert "| ufp4_e8m0 | 2 |" in md and "int4, 1x16, e8m0 scale" in md
+    # a later sitting on a fresh machine: base 2, and base 1's mxint4 finished; base 0's e2m1 again,
+    # stopped (its finished fork in the archive stays)
+    fake_sitting(later, {1: {}, 2: {"e2m1": 0.01, "ufp4": 0.008}})
+    fake_fork(later, 1, "mxint4", 0.045)
+    fake_fork(later, 0, "e2m1", 0.5, done=False)
+    ablate.main(["pack", f"--out={later}", f"--to={archive}", f"--merge={archive}"])
+    ablate.main(["report", f"--runs={archive}", f"--out={dest}"])
+    (g,) = json.load(open(os.path.join(dest, "summary.json")))["groups"]
+    rows = {r["arm"]: r for r in g["contrasts"]}
+    assert g["bases"] == [0, 1, 2]
+    assert rows["e2m1"]["train"]["vs_ref"]["per_base"] == pytest.approx({"0": 0.02, "1": 0.03, "2": 0.01})
+    assert rows["mxint4"]["train"]["vs_ref"]["per_base"] == pytest.approx({"1": 0.045})
+    assert rows["ufp4_e8m0"]["runs"] == 2
+    import tarfile
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert len(names) == len(set(names)) and all(n.startswith("fork/") for n in names)
+    assert not [n for n in names if n.endswith(".pt")]
+    assert "fork/logs/fork__bf16_s2_at4_to8__ufp4.txt" in names
+    assert not os.path.exists(archive + ".tmp")
+    # runs of another config do not merge
+    other = str(tmp_path / "c" / "fork")
+    fake_sitting(other, {3: {}}, stamp=dict(config="cfg.py", extra=["--n_layer=3"], schedule=8, eval_iters=2))
+    with pytest.raises(SystemExit, match="do not pair"):
+        ablate.main(["pack", f"--out={other}", f"--to={tmp_path / 'x.tgz'}", f"--merge={archive}"])
+
+
+def test_the_committed_fork_tables_are_what_the_committed_runs_give(tmp_path):
+    """results/ablation/fork_gpt/summary.* come from results/ablation/fork_gpt_runs.tgz."""
+    archive = "results/ablation/fork_gpt_runs.tgz"
+    ablate_cli("report", f"--runs={archive}", f"--out={tmp_path}")
+    committed = os.path.join(ROOT, "results", "ablation", "fork_gpt")
+    assert json.load(open(tmp_path / "summary.json")) == json.load(open(os.path.join(committed, "summary.json")))
+    assert (open(tmp_path / "summary.md").read().splitlines()[1:]
+            == open(os.path.join(committed, "summary.md")).read().splitlines()[1:])

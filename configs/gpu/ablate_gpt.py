@@ -1,14 +1,16 @@
 # The dense GPT of the recipe ablation on the GPU. Headline (forked design: bases to step 1000,
 # every arm forked from each to step 1500):
+#   nvidia-cuda-mps-control -d   # the runs of one GPU then run concurrently instead of time-slicing
 #   python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=headline --fork_at=1000 \
-#       --eval_iters=100 --parallel=6 --out=out/fork_gpt
+#       --eval_iters=100 --parallel=8 --gpus=0 --drop_fork_ckpts --out=out/fork_gpt
+# (results and their commands: results/ablation/fork_gpt/)
 # (`python ablate.py seeds configs/gpu/ablate_gpt.py ...` runs the older seed-per-arm design.)
 # 8 layers x 384, SwiGLU, RMSNorm, RoPE, tied embeddings: 33.6M parameters (14.2M non-embedding),
 # context 512, 16,384 tokens per step, 1500 steps = 24.6M tokens, 0.9 of `literature`'s 28M train
 # tokens. Batches are windows at random offsets drawn with replacement, so this is not one pass over
 # the data: about 42 % of the train tokens are never seen and about 22 % are seen more than once
-# (Poisson with mean 0.87 per token). Six runs of this model share one H200 comfortably; twelve
-# ran out of memory.
+# (Poisson with mean 0.87 per token). Eight runs of this model share one H200 (126,516 MiB at the
+# peak, with MPS); twelve ran out of memory.
 out_dir = "out/ablate_gpt_{recipe}"
 dataset = "literature"
 vocab_size = 50304
