@@ -3,13 +3,14 @@ fp4.py: the math of 4-bit training, in plain PyTorch (the reference; CPU and GPU
 
 Read top to bottom:
   1. element grids, scale kinds and block formats, as data
-  2. rounding to a grid (RTNE, stochastic), block scales, pack/unpack -> quantize / dequantize
+  2. rounding to a grid (RTNE, stochastic), block scales, pack/unpack -> quantize / dequantize;
+     FP8 operands of power-of-two-scaled formats (to_fp8)
   3. the random Hadamard transform (RHT)
   4. recipes: per GEMM (Fprop, Dgrad, Wgrad) which format, RHT, SR
   5. the quantized linear layer: the backend switch (kernels_for, the one dispatch point to
      kernels.py's Triton versions of section 2), the six operands of a layer call, the three
      GEMMs as one forward and one backward custom op (opaque to torch.compile), shared by the
-     dense layer and the grouped MoE experts; convert
+     dense layer and the grouped MoE experts, on bf16 or (power-of-two scales) FP8 GEMMs; convert
   6. shrinkage diagnostics: attenuation alpha, SQNR, bucket use, per-bin bias
 
 Conventions used everywhere:

@@ -7,6 +7,8 @@ available, backend not 'torch'); this file imports fp4.py, never the other way r
 
   quantize(x, fmt, dim, rounding, rht, seed)           -> fp4.QTensor (packed codes + scales)
   fake_quant(x, fmt, dim, rounding, rht, seed, dtype)  -> dequantize(quantize(x)) in one pass
+  to_fp8(x, fmt, dim, rounding, rht, seed, fp8)        -> (FP8 values, power-of-two tensor scale)
+                                                          for formats with e8m0 block scales
   quantize_both(x, fmt, ...)                           -> a 2D tensor's row-wise and column-wise
                                                           results from one read of it
   dequantize(q, dtype)                                 -> tensor in the original layout
@@ -17,7 +19,9 @@ available, backend not 'torch'); this file imports fp4.py, never the other way r
 What runs where. On Hopper (the H200) training runs its GEMMs on fake-quantized bf16 operands
 through cuBLAS: each operand is quantized and dequantized in one fused kernel (fake_quant,
 quantize_both), then torch.mm / torch._grouped_mm multiply; Wgrad's x is kept packed between
-forward and backward (quantize, then dequantize). fp4_matmul, the packed GEMM that dequantizes
+forward and backward (quantize, then dequantize). Formats with power-of-two block scales write
+exact FP8 instead (to_fp8, quantize_both(fp8=...)) for torch._scaled_mm, and keep Wgrad's x as
+FP8. fp4_matmul, the packed GEMM that dequantizes
 in its main loop, is not on the training path: Hopper has no FP4 tensor cores, so the dequantize
 competes with the bf16 MMA for the same SMs and the GEMM reaches about 0.5x cuBLAS. It would pay
 on hardware with native block-scaled FP4 MMA (which takes codes and scales as they are), or where
@@ -30,7 +34,7 @@ the reference's add order -> block amax (NaN/Inf flagged: Triton's max may drop 
 scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale (exact
 for RTNE, a product for SR) -> round to the grid (RTNE by float arithmetic, SR as floor(k + u)
 with SR_BITS Philox bits per element) -> code and dequantized value. NVFP4's tensor amax comes
-from a first pass (_amax_kernel, no host sync). The kernels are bound by instruction issue, so
+(and an FP8 side's tensor scale) from a first pass (_amax_kernel, no host sync). The kernels are bound by instruction issue, so
 no kernel converts int <-> float or rounds to an integer per element (those run at 1/8 of the
 fp32 rate): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the GEMM
 dequantizes with a few lines of PTX (_dequant_operand). fp32 -> bf16 casts happen in the kernel
