@@ -88,11 +88,13 @@ ARMS = {
     "int4_rht_fprop_wgrad": {"recipe": "ufp4", "recipe_rht": "fprop,wgrad"},
     "ufp4_no_sr": {"recipe": "ufp4", "recipe_sr_dy": False},      # RHT on all three, RTNE on dy
     "e2m1_rht_all": {"recipe": "e2m1", "recipe_rht": "all"},
-    # the hardware formats, and UFP4's grid with their scales (quality to weigh against speed)
+    # the hardware formats, and UFP4's grid with their scales (quality to weigh against speed).
+    # Power-of-two-scaled arms keep bf16 GEMMs, as the committed runs did: the FP8 GEMM path
+    # computes the same products except in blocks out of its window (docs/formats.md)
     "nvfp4": {"recipe": "nvfp4"},
-    "mxfp4": {"recipe": "mxfp4"},
-    "ufp4_e8m0": {"recipe": "ufp4", "recipe_format": "int4/16/e8m0"},  # power-of-two block scales
-    "mxint4": {"recipe": "ufp4", "recipe_format": "mxint4"},           # int4, 1x32 blocks, e8m0
+    "mxfp4": {"recipe": "mxfp4", "recipe_fp8_gemm": False},
+    "ufp4_e8m0": {"recipe": "ufp4", "recipe_format": "int4/16/e8m0", "recipe_fp8_gemm": False},
+    "mxint4": {"recipe": "ufp4", "recipe_format": "mxint4", "recipe_fp8_gemm": False},
     "nvint4": {"recipe": "ufp4", "recipe_format": "nvint4"},           # int4, e4m3 + tensor scale
 }
 GROUPS = {

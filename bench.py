@@ -5,7 +5,8 @@ bench.py: training throughput and memory of several recipes on one config, in on
     python bench.py configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4 --iters=20 --compile=True
     python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,mxfp4,mxfp4+recipe_fp8_gemm=False
 
-A recipe may carry train.py overrides of its own after '+' (ufp4+recipe_format=mxint4).
+A recipe may carry train.py overrides of its own after '+' (ufp4+recipe_format=mxint4; no commas
+in them: --recipes is a comma list).
 
 Each recipe is a real `train.main` run (no second trainer) with the same model, batch and seed:
 `--warmup` steps, then `--iters` timed steps, no eval until the end. Step time is the median of
@@ -29,10 +30,10 @@ import train
 
 def bench_one(config, spec, warmup, iters, out_dir, extra):
     recipe, *own = spec.split("+")   # e.g. ufp4+recipe_format=mxint4: train.py keys for this one
-    args = [config, f"--recipe={recipe}", *(f"--{kv}" for kv in own), f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
+    args = [config, f"--recipe={recipe}", f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
             "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--warmup_iters=1",
             "--always_save_checkpoint=False", "--final_sample_tokens=0",
-            "--overwrite=True"] + list(extra)   # a bench run replaces the one before in out_dir
+            "--overwrite=True"] + list(extra) + [f"--{kv}" for kv in own]  # (replaces the last run; own ones win)
     if torch.cuda.is_available():
         # the previous recipe's compiled graphs hold their CUDA-graph memory pool until reset:
         # without this, every recipe's peak would include the ones before it

@@ -25,6 +25,7 @@ Conventions used everywhere:
     tensor NaN). An all-zero block gets scale 0 and dequantizes to zeros.
 """
 import contextlib
+import functools
 import math
 import typing
 from dataclasses import dataclass, field, replace
@@ -293,7 +294,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
                                      seed_col, (pr, pc), dtype, fp8)
-    f8r, f8c = fp8 or (None, None)
+    f8r, f8c = check_fp8_sides(fmt, fmt_col, pr, pc, fp8)
     sides = ((fmt, rounding, rht, seed, pr, f8r, 1),
              (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, f8c, 0))
     return tuple(quantize(x, f, d, r, h, s) if p else to_fp8(x, f, d, r, h, s, f8) if f8 else
@@ -329,6 +330,16 @@ def check_fp8(fmt, fp8):
     if fp8 not in FP8_ROOM:
         raise ValueError(f"fp8 must be torch.float8_e4m3fn or torch.float8_e5m2, got {fp8}")
     return fmt
+
+def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8):
+    """quantize_both's fp8 argument (None, or an FP8 dtype or None per side) checked: -> (row, col)."""
+    f8r, f8c = fp8 or (None, None)
+    for f, p, f8 in ((fmt, packed, f8r), (fmt_col, packed_col, f8c)):
+        if f8 and p:
+            raise ValueError("a side is either packed or FP8, not both")
+        if f8:
+            check_fp8(f, f8)
+    return f8r, f8c
 
 def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
     """x quantized as quantize() quantizes it, as (values, scale): FP8 values of x's shape with
@@ -721,13 +732,19 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         dw = _mm(dyq_w.t(), xq, pad_offs, fp32=True).to(weight.dtype)
     return dx, dw
 
-def _uses_fp8(recipe, counts):
-    """The GEMM path: FP8 GEMMs (torch._scaled_mm) when the recipe allows it and all three GEMMs
-    quantize to power-of-two (e8m0) block scales, for the dense layer (the grouped experts keep
-    the bf16 path); else bf16 GEMMs on fake-quantized operands."""
+def _uses_fp8(recipe, counts, device):
+    """The GEMM path: FP8 GEMMs (torch._scaled_mm) when the recipe allows it, all three GEMMs
+    quantize to power-of-two (e8m0) block scales and the device has FP8 GEMMs (the CPU, or a GPU
+    of compute capability 8.9+), for the dense layer (the grouped experts keep the bf16 path);
+    else bf16 GEMMs on fake-quantized operands."""
     gemms = (recipe.fprop, recipe.dgrad, recipe.wgrad)
     return (recipe.fp8_gemm and counts is None and not recipe.weight_2d
-            and all(g.fmt and get_format(g.fmt).scale == "e8m0" for g in gemms))
+            and all(g.fmt and get_format(g.fmt).scale == "e8m0" for g in gemms)
+            and (device.type == "cpu" or _has_fp8_gemm(device)))
+
+@functools.lru_cache(maxsize=None)
+def _has_fp8_gemm(device):
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 def _fp8_operand(t, op, recipe, dim, fp8, tag):
     """to_fp8 of operand t (dim contiguous); inside probe_alphas() also recorded, with the
@@ -751,7 +768,9 @@ def _fp8_pair(t, row, col, recipe, fp8, tag):
 def _fp8_mm(a, b, out_dtype):
     """a @ b for FP8 operands (values, scale), a row-major and b column-major: the exact products
     accumulated in fp32 (no fast accumulation: docs/formats.md, FP8 GEMMs)."""
-    return torch._scaled_mm(a[0], b[0], a[1], b[1], out_dtype=out_dtype, use_fast_accum=False)
+    out = torch._scaled_mm(a[0], b[0], a[1], b[1], use_fast_accum=False,
+                           out_dtype=torch.float32 if out_dtype == torch.float64 else out_dtype)
+    return out.to(out_dtype)  # (fp64 inputs: CUDA's FP8 GEMM writes at most fp32)
 
 def _forward_fp8(x, weight, recipe, dtype, tag, seeds, pack_x):
     """_forward on FP8 GEMMs: x and W in e4m3. With pack_x also Wgrad's x, quantized along the
@@ -828,7 +847,7 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
-    if _uses_fp8(r, counts):
+    if _uses_fp8(r, counts, x.device):
         y, xw = _forward_fp8(x, weight, r, dtype, tag, seed, _packs_wgrad_x(r, pack_x))
         if xw is None:
             return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
@@ -849,7 +868,7 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
     n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
-    if _uses_fp8(r, counts):
+    if _uses_fp8(r, counts, x.device):
         return y, seed, empty(x.shape[1], n, dt=E4M3), empty(), empty(0)
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
             empty() if fmt.scale == "e4m3" else empty(0))
@@ -871,7 +890,7 @@ def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: 
     """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale], or
     on the FP8 path [FP8 values [in, T], scale, empty]."""
     r = _RECIPES_BY_KEY[recipe]
-    if _uses_fp8(r, counts):
+    if _uses_fp8(r, counts, dy.device):
         x_or_fp8 = (x_saved[0].t(), x_saved[1]) if len(x_saved) == 3 else x_saved[0]
         dx, dw = _backward_fp8(dy, weight, x_or_fp8, r, dtype, x_dtype, tag, seed, need_dx, need_dw)
     else:

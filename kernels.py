@@ -757,9 +757,9 @@ def _fp8_inv(amax_ptr, scale_ptr, EMAX: tl.constexpr, ROOM: tl.constexpr, FIRST)
     e = tl.maximum(tl.maximum(((bits >> 23) & 0xFF) - 127 - EMAX, -127) - ROOM, -126)
     scale = tl.where(amax > 0, ((e + 127) << 23).to(tl.float32, bitcast=True), 1.0)
     inv = tl.where(amax > 0, ((127 - e) << 23).to(tl.float32, bitcast=True), 1.0)
-    scale = tl.where(amax == amax, scale, float("nan"))  # a NaN tensor stays NaN
-    tl.store(scale_ptr, scale, mask=FIRST)
-    return tl.where(amax == amax, inv, float("nan"))
+    finite = amax <= 3.4028234663852886e38  # NaN or Inf somewhere: NaN scale (a NaN block, as fp4)
+    tl.store(scale_ptr, tl.where(finite, scale, float("nan")), mask=FIRST)
+    return tl.where(finite, inv, float("nan"))
 
 
 @triton.jit
@@ -1112,6 +1112,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
         else:
             side.codes = side.scales = None
         side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes else None
+        if side.fp8 and not M * N * A:  # no program runs to write it: an empty tensor's scale is 1
+            side.s_enc = torch.ones((), device=dev, dtype=torch.float32)
         args += [dummy if side.packed else side.fake, side.codes if side.packed else dummy,
                  side.scales if side.packed else dummy, amaxes.get(side, dummy),
                  side.s_enc if side.s_enc is not None else dummy,
@@ -1201,10 +1203,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     rounding, RHT and seed, the same bits as those two calls. packed: a bool, or one per side
     (row, col); fp8: None, or one FP8 dtype (or None) per side."""
     fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
-    f8r, f8c = fp8 or (None, None)
-    for f, f8 in ((fmt_r, f8r), (fmt_c, f8c)):
-        if f8:
-            fp4.check_fp8(f, f8)
+    f8r, f8c = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8)
     row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r)
     col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c)
     _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)

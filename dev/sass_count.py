@@ -76,7 +76,7 @@ def compile_quant(row, col, BM, BN, nw, mode):
             return None
         fmt, rounding, rht, packed = s
         return kernels._Side(fp4.get_format(fmt), rounding, rht, 0, torch.device("cpu"), packed)
-    sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed)  # noqa: E731
+    sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed, None)  # noqa: E731
     meta, _ = kernels._quant_meta(sig(side(row)), sig(side(col)), BM, BN, True, mode,
                                   kernels.PHILOX_ROUNDS, nw, kernels.SR_BITS)
     fn = kernels._quant_kernel

@@ -865,14 +865,16 @@ def test_to_fp8_rejects_formats_without_power_of_two_scales():
             fp4.to_fp8(torch.randn(4, 32), name)
 
 
+CPU = torch.device("cpu")
+
 def test_uses_fp8_dispatch():
-    assert fp4._uses_fp8(fp4.make_recipe("mxfp4"), None)
-    assert fp4._uses_fp8(fp4.make_recipe("mxint4"), None)
-    assert fp4._uses_fp8(fp4.make_recipe("ufp4", fmt="int4/16/e8m0"), None)
-    assert not fp4._uses_fp8(fp4.make_recipe("ufp4"), None)
-    assert not fp4._uses_fp8(fp4.make_recipe("nvfp4"), None)
-    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=False), None)
-    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4"), torch.tensor([3, 5]))  # experts: bf16 GEMMs
+    assert fp4._uses_fp8(fp4.make_recipe("mxfp4"), None, CPU)
+    assert fp4._uses_fp8(fp4.make_recipe("mxint4"), None, CPU)
+    assert fp4._uses_fp8(fp4.make_recipe("ufp4", fmt="int4/16/e8m0"), None, CPU)
+    assert not fp4._uses_fp8(fp4.make_recipe("ufp4"), None, CPU)
+    assert not fp4._uses_fp8(fp4.make_recipe("nvfp4"), None, CPU)
+    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=False), None, CPU)
+    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4"), torch.tensor([3, 5]), CPU)  # experts: bf16 GEMMs
 
 
 @pytest.mark.parametrize("name", ["mxfp4", "mxint4"])

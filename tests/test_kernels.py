@@ -959,12 +959,21 @@ def test_to_fp8_sr_and_pair_equal_fake_quant(name):
     assert torch.equal(_f8bits(v), _f8bits(b)) and torch.equal(s, sb)
 
 
-def test_to_fp8_zero_and_nan_tensors():
-    z = torch.zeros(32, 64)
-    v, s = kernels.to_fp8(z, "mxfp4")
-    assert s.item() == 1.0 and not v.float().any()
+@pytest.mark.parametrize("special", [float("nan"), float("inf")])
+def test_to_fp8_zero_empty_and_nonfinite_tensors(special):
+    for z in (torch.zeros(32, 64), torch.zeros(0, 64)):
+        v, s = kernels.to_fp8(z, "mxfp4")
+        assert s.item() == 1.0 and not v.float().any()
     x = torch.randn(32, 64)
-    x[3, 5] = float("nan")
-    v, s = kernels.to_fp8(x, "mxint4", dim=0)
-    rv, rs = fp4.to_fp8(x, "mxint4", dim=0)
-    assert s.isnan() and rs.isnan() and v.float().isnan().all() and rv.float().isnan().all()
+    x[3, 5] = special
+    for dim, fp8 in ((0, fp4.E4M3), (-1, fp4.E5M2)):
+        v, s = kernels.to_fp8(x, "mxint4", dim=dim, fp8=fp8)
+        rv, rs = fp4.to_fp8(x, "mxint4", dim=dim, fp8=fp8)
+        assert s.isnan() and rs.isnan(), "a non-finite tensor gets a NaN scale, never a finite one"
+        assert torch.equal(_f8bits(v), _f8bits(rv))
+
+
+def test_quantize_both_rejects_a_side_both_packed_and_fp8():
+    for mod in (kernels, fp4):
+        with pytest.raises(ValueError, match="packed or FP8"):
+            mod.quantize_both(torch.randn(64, 64), "mxint4", packed=True, fp8=(fp4.E4M3, None))

@@ -389,7 +389,7 @@ def main():
         outs = []
         for on in (True, False):
             recipe = fp4.make_recipe(recipe_name, sr_dy=False, fp8_gemm=on)
-            assert fp4._uses_fp8(recipe, None) == on
+            assert fp4._uses_fp8(recipe, None, torch.device(DEV)) == on
             torch.manual_seed(0)
             lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
             xi = (randn(T, IN, seed=10, dtype=torch.float32) * 0.01).requires_grad_(True)
