@@ -402,20 +402,10 @@ def _launch(kernel, grid, args, meta, meta_key=None):
 # 3. Quantize (fp4.quantize, fake_quant, quantize_both): one tile per program
 
 @triton.jit
-def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
-                QMAX: tl.constexpr, EMAX: tl.constexpr, E2M1: tl.constexpr, NSEG: tl.constexpr,
-                S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
-                ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
-                BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr,
-                CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr):
-    """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
-    Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
-    for 2D tiles) and dequantized values [R, C] fp32 (if DEQ; divided by s_enc for e4m3).
-    Per element: one division as a multiply + 2 FMAs by the block's reciprocal (RTNE; SR takes
-    the product alone), rounding to the grid by adding and subtracting step * 2^23 (RNE in fp32 =
-    ties to the even grid index)."""
-    NB: tl.constexpr = C // BLOCK
-    xb = tl.reshape(x, [R, NB, BLOCK])
+def _block_scales(xb, s_enc, R: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+                  QMAX: tl.constexpr, EMAX: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr):
+    """The block scales of xb [R, NB, BLOCK] (fp4.block_scales): the stored ones ([R, NB], or
+    [R/BLOCK, NB] for 2D tiles) and one per row and block. A block holding NaN or Inf: NaN."""
     xa = tl.abs(xb)
     if B2D:  # NaN-propagating max: a block holding NaN or Inf gets a non-finite amax
         amax = _amax(_amax(tl.reshape(xa, [R // BLOCK, BLOCK, NB, BLOCK]), 3), 1)
@@ -437,7 +427,14 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
         sc_rows = tl.reshape(tl.broadcast_to(sc[:, None, :], [R // BLOCK, BLOCK, NB]), [R, NB])
     else:
         sc_rows = sc
-    valid = sc_rows > 0  # zero blocks and NaN scales: code 0 (+0)
+    return sc, sc_rows
+
+
+@triton.jit
+def _divide(xb, sc_rows, s_enc, valid, R: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+            SCALE: tl.constexpr, SR: tl.constexpr):
+    """xb / its block's scale (times s_enc for e4m3 scales): one division as a multiply + 2 FMAs
+    by the block's reciprocal (RTNE; SR takes the product alone). Invalid blocks divide by 1."""
     # per block: the divisor d, its reciprocal y and the numerator's factor f (x / d = x f / (d f))
     if SCALE == 0:  # keep d f and 1 / (d f) normal for tiny and huge blocks
         f = tl.where(sc_rows < 5.421010862427522e-20, 1.8446744073709552e19,
@@ -457,15 +454,16 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
         t = xb * f[:, :, None] * yb
     else:
         t = _div(xb * f[:, :, None], yb, tl.broadcast_to(-dd[:, :, None], [R, NB, BLOCK]))
-    # the sign bit of x where the block is valid (per-block mask: one AND per element)
-    smask = tl.broadcast_to(tl.where(valid, -2147483648, 0)[:, :, None], [R, NB, BLOCK])
-    sign = xb.to(tl.int32, bitcast=True) & smask
-    # invalid blocks: t is +-0 (zero / underflowed scale) or the block is NaN (its values are NaN
-    # whatever the codes). Saturate: rounded scales (e4m3, e8m0) and subnormal fp32 scales (amax
-    # below ~1e-37, where amax / qmax loses bits) let |t| pass qmax
-    a = tl.minimum(tl.abs(t), QMAX)
-    if CODES:
-        a = tl.where(smask != 0, a, 0.0)
+    return t
+
+
+@triton.jit
+def _round_to_grid(a, seed, roff, R: tl.constexpr, C: tl.constexpr, NB: tl.constexpr,
+                   BLOCK: tl.constexpr, E2M1: tl.constexpr, NSEG: tl.constexpr, S1: tl.constexpr,
+                   S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr, ST2: tl.constexpr,
+                   SR: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr):
+    """Magnitudes a (in grid units, at most qmax) -> (grid magnitudes, RTNE's a + step 2^23 or 0)."""
+    biased = 0
     if SR and E2M1:  # a's piece from its exponent bits, as RTNE below; each piece starts at a
         # multiple of its step, so floor(a / step + u) needs no start
         step = _pow2_floor_1(a) * 0.5
@@ -500,21 +498,62 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
                 big = tl.where(a >= S2, ST2 * 8388608.0, big)
         biased = a + big
         mag = biased - big
+    return mag, biased
+
+
+@triton.jit
+def _grid_code(mag, biased, sign, R: tl.constexpr, C: tl.constexpr, E2M1: tl.constexpr,
+               NSEG: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr,
+               ST1: tl.constexpr, ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
+               SR: tl.constexpr):
+    """The 4-bit codes [R, C] (sign bit 3, grid index bits 0-2) of grid magnitudes mag."""
+    if NSEG == 1 and not SR:  # a uniform grid's index: the low mantissa bits of a + step 2^23
+        idx = biased.to(tl.int32, bitcast=True) & 7
+    elif E2M1:  # the index is E2M1's own bits: mag * 2^-126 has them as its lowest exponent
+        # bits and top mantissa bit (0.5 a subnormal, as in _grid_mag, whose inverse this is:
+        # a thread that flushes subnormals, torch.set_flush_denormal, would break both)
+        idx = (mag * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22
+    else:  # any grid of up to three uniform pieces
+        idx = (mag * (1.0 / ST0)).to(tl.int32)
+        if NSEG > 1:
+            idx = tl.where(mag >= S1, I1 + ((mag - S1) * (1.0 / ST1)).to(tl.int32), idx)
+        if NSEG > 2:
+            idx = tl.where(mag >= S2, I2 + ((mag - S2) * (1.0 / ST2)).to(tl.int32), idx)
+    return tl.reshape(idx | (sign >> 28 & 8), [R, C])
+
+
+@triton.jit
+def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
+                QMAX: tl.constexpr, EMAX: tl.constexpr, E2M1: tl.constexpr, NSEG: tl.constexpr,
+                S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
+                ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
+                BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr,
+                CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr):
+    """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
+    Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
+    for 2D tiles) and dequantized values [R, C] fp32 (if DEQ; divided by s_enc for e4m3):
+    block scales, the division by them, rounding to the grid (RTNE by adding and subtracting
+    step * 2^23: RNE in fp32 = ties to the even grid index; SR as floor(k + u)), then codes and
+    values."""
+    NB: tl.constexpr = C // BLOCK
+    xb = tl.reshape(x, [R, NB, BLOCK])
+    sc, sc_rows = _block_scales(xb, s_enc, R, NB, BLOCK, QMAX, EMAX, SCALE, B2D)
+    valid = sc_rows > 0  # zero blocks and NaN scales: code 0 (+0)
+    t = _divide(xb, sc_rows, s_enc, valid, R, NB, BLOCK, SCALE, SR)
+    # the sign bit of x where the block is valid (per-block mask: one AND per element)
+    smask = tl.broadcast_to(tl.where(valid, -2147483648, 0)[:, :, None], [R, NB, BLOCK])
+    sign = xb.to(tl.int32, bitcast=True) & smask
+    # invalid blocks: t is +-0 (zero / underflowed scale) or the block is NaN (its values are NaN
+    # whatever the codes). Saturate: rounded scales (e4m3, e8m0) and subnormal fp32 scales (amax
+    # below ~1e-37, where amax / qmax loses bits) let |t| pass qmax
+    a = tl.minimum(tl.abs(t), QMAX)
+    if CODES:
+        a = tl.where(smask != 0, a, 0.0)
+    mag, biased = _round_to_grid(a, seed, roff, R, C, NB, BLOCK, E2M1, NSEG, S1, S2, ST0, ST1, ST2,
+                                 SR, ROUNDS, RBITS)
     code = 0
     if CODES:
-        if NSEG == 1 and not SR:  # a uniform grid's index: the low mantissa bits of a + step 2^23
-            idx = biased.to(tl.int32, bitcast=True) & 7
-        elif E2M1:  # the index is E2M1's own bits: mag * 2^-126 has them as its lowest exponent
-            # bits and top mantissa bit (0.5 a subnormal, as in _grid_mag, whose inverse this is:
-            # a thread that flushes subnormals, torch.set_flush_denormal, would break both)
-            idx = (mag * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22
-        else:  # any grid of up to three uniform pieces
-            idx = (mag * (1.0 / ST0)).to(tl.int32)
-            if NSEG > 1:
-                idx = tl.where(mag >= S1, I1 + ((mag - S1) * (1.0 / ST1)).to(tl.int32), idx)
-            if NSEG > 2:
-                idx = tl.where(mag >= S2, I2 + ((mag - S2) * (1.0 / ST2)).to(tl.int32), idx)
-        code = tl.reshape(idx | (sign >> 28 & 8), [R, C])
+        code = _grid_code(mag, biased, sign, R, C, E2M1, NSEG, S1, S2, ST0, ST1, ST2, I1, I2, SR)
     deq = 0
     if DEQ:
         scb = tl.broadcast_to(sc_rows[:, :, None], [R, NB, BLOCK])
