@@ -28,7 +28,7 @@ import contextlib
 import functools
 import math
 import typing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -591,31 +591,40 @@ def _operands(recipe, seeds):
                       Operand("wgrad_dy", g, g.sr_a, seed.wgrad_dy),
                       Operand("wgrad_x", g, g.sr_b, seed.wgrad_x))
 
-def _operand(t, op, recipe, dim, dtype, tag, packed=False):
+def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
     """Operand t as its GEMM sees it: fake-quantized along its reduction dim `dim`, or as is.
-    packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit).
-    Inside probe_alphas() it is recorded under (layer tag, op.name)."""
+    packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit); fp8
+    (an FP8 dtype): to_fp8's (values, scale). Inside probe_alphas() it is recorded under
+    (layer tag, op.name), an FP8 operand with its blocks out of the FP8 window."""
     if not op.gemm.fmt:
         return t.to(dtype)
     fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr, op.weight)
-    if packed:
-        q = quantize(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=op.seed)
+    how = dict(dim=dim, rounding=rounding, rht=rht, seed=op.seed)
+    if fp8:
+        q = to_fp8(t, fmt, fp8=fp8, **how)
+    elif packed:
+        q = quantize(t, fmt, **how)
     else:
-        q = fake_quant(t, fmt, dim=dim, rounding=rounding, rht=rht, seed=op.seed, dtype=dtype)
+        q = fake_quant(t, fmt, dtype=dtype, **how)
     if PROBE is not None:
-        _record_probe((tag, op.name), rht_transform(t, rht, dim) if rht else t,
-                      dequantize(q, dtype) if packed else q)
+        ref = rht_transform(t, rht, dim) if rht else t
+        if fp8:
+            fake = fake_quant(t, fmt, dtype=torch.float32, **how)
+            _record_probe((tag, op.name), ref, fake, fp8_inexact_blocks(*q, fake, fmt, dim))
+        else:
+            _record_probe((tag, op.name), ref, dequantize(q, dtype) if packed else q)
     return q
 
-def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False):
-    """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col):
-    on the Triton path from one read of t (kernels.quantize_both, the same bits as two calls)
-    when both sides quantize; else two calls."""
+def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
+    """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col,
+    both FP8 where fp8): on the Triton path from one read of t (kernels.quantize_both, the same
+    bits as two calls) when both sides quantize; else two calls."""
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = _qparams(row.gemm, recipe, row.sr), _qparams(col.gemm, recipe, col.sr)
-        return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype)
-    return (_operand(t, row, recipe, -1, dtype, tag),
-            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col))
+        return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
+                             fp8 and (fp8, fp8))
+    return (_operand(t, row, recipe, -1, dtype, tag, fp8=fp8),
+            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=fp8))
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -746,25 +755,6 @@ def _uses_fp8(recipe, counts, device):
 def _has_fp8_gemm(device):
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
-def _fp8_operand(t, op, recipe, dim, fp8, tag):
-    """to_fp8 of operand t (dim contiguous); inside probe_alphas() also recorded, with the
-    blocks that left the FP8 window."""
-    fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr)
-    values, scale = to_fp8(t, fmt, dim, rounding, rht, op.seed, fp8)
-    if PROBE is not None:
-        fake = fake_quant(t, fmt, dim, rounding, rht, op.seed, torch.float32)
-        _record_probe((tag, op.name), rht_transform(t, rht, dim) if rht else t, fake,
-                      fp8_inexact_blocks(values, scale, fake, fmt, dim))
-    return values, scale
-
-def _fp8_pair(t, row, col, recipe, fp8, tag):
-    """_fp8_operand(t, row) along dim -1 and (t, col) along dim 0: from one read of t on the
-    Triton path (kernels.quantize_both), else two calls."""
-    if PROBE is None and kernels_for(t):
-        (fr, rr, hr), (fc, rc, hc) = _qparams(row.gemm, recipe, row.sr), _qparams(col.gemm, recipe, col.sr)
-        return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, fp8=(fp8, fp8))
-    return (_fp8_operand(t, row, recipe, -1, fp8, tag), _fp8_operand(t, col, recipe, 0, fp8, tag))
-
 def _fp8_mm(a, b, out_dtype):
     """a @ b for FP8 operands (values, scale), a row-major and b column-major: the exact products
     accumulated in fp32 (no fast accumulation: docs/formats.md, FP8 GEMMs)."""
@@ -778,12 +768,13 @@ def _forward_fp8(x, weight, recipe, dtype, tag, seeds, pack_x):
     op = _operands(recipe, seeds)
     xw = None
     if pack_x and _wgrad_padding(recipe, x.shape[0], None, x.device)[1] == x.shape[0]:
-        xq, xw = _fp8_pair(x, op.fprop_x, op.wgrad_x, recipe, E4M3, tag)
+        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, fp8=E4M3)
     else:
-        xq = _fp8_operand(x, op.fprop_x, recipe, -1, E4M3, tag)
+        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=E4M3)
         if pack_x:
-            xw = _fp8_operand(_wgrad_rows(x, None, recipe)[0], op.wgrad_x, recipe, 0, E4M3, tag)
-    wq, ws = _fp8_operand(weight, op.fprop_w, recipe, -1, E4M3, tag)
+            x_pad = _wgrad_rows(x, None, recipe)[0]
+            xw = _operand(x_pad, op.wgrad_x, recipe, 0, dtype, tag, fp8=E4M3)
+    wq, ws = _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=E4M3)
     return _fp8_mm(xq, (wq.t(), ws), dtype), xw
 
 def _backward_fp8(dy, weight, x_or_fp8, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw):
@@ -794,17 +785,20 @@ def _backward_fp8(dy, weight, x_or_fp8, recipe, dtype, x_dtype, tag, seeds, need
     dx = dw = dyw = None
     unpadded = _wgrad_padding(recipe, dy.shape[0], None, dy.device)[1] == dy.shape[0]
     if need_dx and need_dw and unpadded:
-        dyq, dyw = _fp8_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, E5M2, tag)
+        dyq, dyw = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=E5M2)
     elif need_dx:
-        dyq = _fp8_operand(dy, op.dgrad_dy, recipe, -1, E5M2, tag)
+        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=E5M2)
     if need_dx:
-        dx = _fp8_mm(dyq, _fp8_operand(weight, op.dgrad_w, recipe, 0, E4M3, tag), dtype).to(x_dtype)
+        wq = _operand(weight, op.dgrad_w, recipe, 0, dtype, tag, fp8=E4M3)
+        dx = _fp8_mm(dyq, wq, dtype).to(x_dtype)
     if need_dw:
         if dyw is None:
-            dyw = _fp8_operand(_wgrad_rows(dy, None, recipe)[0], op.wgrad_dy, recipe, 0, E5M2, tag)
+            dy_pad = _wgrad_rows(dy, None, recipe)[0]
+            dyw = _operand(dy_pad, op.wgrad_dy, recipe, 0, dtype, tag, fp8=E5M2)
         xw = x_or_fp8
         if isinstance(x_or_fp8, torch.Tensor):
-            xw = _fp8_operand(_wgrad_rows(x_or_fp8, None, recipe)[0], op.wgrad_x, recipe, 0, E4M3, tag)
+            x_pad = _wgrad_rows(x_or_fp8, None, recipe)[0]
+            xw = _operand(x_pad, op.wgrad_x, recipe, 0, dtype, tag, fp8=E4M3)
         dw = _fp8_mm((dyw[0].t(), dyw[1]), xw, torch.float32).to(weight.dtype)
     return dx, dw
 

@@ -1198,39 +1198,42 @@ def _qtensor(x, side, dim, moved_shape):
     return fp4.QTensor(codes, scales, side.s_enc, fmt, tuple(x.shape), x.dtype, dim, side.rht)
 
 
-def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
-    """fp4.quantize on the GPU (or under TRITON_INTERPRET): -> fp4.QTensor."""
+def _result(side, x, dim):
+    """What a side gives back for x quantized along dim: its QTensor (packed), its FP8 values of
+    x's shape (a transposed view for the column side) and scale (fp8), else the fake-quantized
+    values in x's layout."""
+    if side.packed:
+        return _qtensor(x, side, dim, x.movedim(dim, -1).shape)
+    if side.fp8:
+        return side.fake.view(x.movedim(dim, -1).shape).movedim(-1, dim), side.s_enc
+    return side.fake.view(x.shape)
+
+
+def _quantize_one(x, fmt, dim, rounding, rht, seed, out_dtype, cfg, packed=False, fp8=None):
+    """x quantized along dim in one orientation (blocks along N, or along M of _as3's view)."""
     fmt, dim = _prep(x, fmt, dim, rht)
     x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed, x.device, packed=True)
-    _run(x3, None if is_col else side, side if is_col else None, None, _cfg)
-    return _qtensor(x, side, dim, x.movedim(dim, -1).shape)
+    side = _Side(fmt, rounding, rht, seed, x.device, packed, fp8)
+    _run(x3, None if is_col else side, side if is_col else None, out_dtype, cfg)
+    return _result(side, x, dim)
+
+
+def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
+    """fp4.quantize on the GPU (or under TRITON_INTERPRET): -> fp4.QTensor."""
+    return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, packed=True)
 
 
 def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None, _cfg=None):
     """fp4.fake_quant: the dequantized values (in the RHT basis if rht), in dtype or x.dtype,
     in x's layout (contiguous)."""
-    fmt, dim = _prep(x, fmt, dim, rht)
-    x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed, x.device, packed=False)
-    _run(x3, None if is_col else side, side if is_col else None, dtype or x.dtype, _cfg)
-    return side.fake.view(x.shape)
+    return _quantize_one(x, fmt, dim, rounding, rht, seed, dtype or x.dtype, _cfg)
 
 
 def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, _cfg=None):
     """fp4.to_fp8: (FP8 values of x's shape with `dim` contiguous, fp32 tensor scale), from the
     tensor-amax pass and one quantize pass."""
     fp4.check_fp8(fmt, fp8)
-    fmt, dim = _prep(x, fmt, dim, rht)
-    x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed, x.device, packed=False, fp8=fp8)
-    _run(x3, None if is_col else side, side if is_col else None, None, _cfg)
-    return _fp8_values(side, x, dim), side.s_enc
-
-
-def _fp8_values(side, x, dim):
-    """An FP8 side's output as a tensor of x's shape (a transposed view for the column side)."""
-    return side.fake.view(x.movedim(dim, -1).shape).movedim(-1, dim)
+    return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, fp8=fp8)
 
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
@@ -1246,10 +1249,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r)
     col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c)
     _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
-    return (_qtensor(x, row, 1, x.shape) if pr else
-            (_fp8_values(row, x, 1), row.s_enc) if f8r else row.fake.view(x.shape),
-            _qtensor(x, col, 0, x.t().shape) if pc else
-            (_fp8_values(col, x, 0), col.s_enc) if f8c else col.fake.view(x.shape))
+    return _result(row, x, 1), _result(col, x, 0)
 
 
 # -----------------------------------------------------------------------------

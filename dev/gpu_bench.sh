@@ -1,21 +1,37 @@
 #!/usr/bin/env bash
-# Training throughput and peak memory per recipe on one H200 (docs/performance.md): GPT-2-small-sized dense
-# model (eager, and torch.compile without CUDA graphs for bf16/ufp4) and its MoE of similar active
-# size. The CUDA-graph table (the configs' default compile_mode) is dev/gpu_perf.sh.
-# Usage: OUT=results/bench bash dev/gpu_bench.sh   (needs data/shakespeare prepared)
+# Training throughput and peak memory per recipe on one H200 (docs/performance.md), by set:
+#   recipes  the GPT-2-small-sized dense model (eager, and torch.compile without CUDA graphs for
+#            bf16/ufp4) and its MoE of similar active size; the CUDA-graph table is dev/gpu_perf.sh
+#   fp8      the FP8-GEMM checks of tests/gpu/check_kernels.py, then CUDA-graph tables of the
+#            power-of-two-scaled recipes on FP8 GEMMs (mxfp4 on bf16 GEMMs beside them): dense,
+#            the wide 24 x 2048 model where the GEMMs dominate, and the MoE (about 8 minutes)
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8]
+#   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
+set_name=${1:-recipes}
 OUT=${OUT:-results/bench}
 mkdir -p "$OUT" out
 export PYTHONUNBUFFERED=1
-B="--dataset=shakespeare --warmup=5 --iters=10"
 one() {  # name, seconds, then bench.py arguments
     local name=$1 limit=$2; shift 2
-    timeout "$limit" python3 bench.py "$@" --out="out/bench_$name" $B > "out/bench_$name.log" 2>&1
+    timeout "$limit" python3 bench.py "$@" --out="out/bench_$name" > "out/bench_$name.log" 2>&1
     echo "== $name rc=$?" >> "$OUT/bench.log"; tail -15 "out/bench_$name.log" >> "$OUT/bench.log"
     cp "out/bench_$name/bench.md" "$OUT/$name.md" 2>/dev/null
     cp "out/bench_$name/bench.json" "$OUT/$name.json" 2>/dev/null
 }
-one dense_eager 170 configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4,e2m1,nvfp4,mxfp4 --compile=False
-one dense_compile 170 configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 --compile=True --compile_mode=default
-one moe_eager 140 configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4,nvfp4 --compile=False
-cat "$OUT"/*.md
+case $set_name in
+recipes)
+    B="--dataset=shakespeare --warmup=5 --iters=10"
+    one dense_eager 170 configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4,e2m1,nvfp4,mxfp4 --compile=False $B
+    one dense_compile 170 configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 --compile=True --compile_mode=default $B
+    one moe_eager 140 configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4,nvfp4 --compile=False $B ;;
+fp8)
+    G="--compile=True --compile_mode=reduce-overhead"
+    timeout 120 python3 tests/gpu/check_kernels.py --quick --only=fp8 2>&1 | tail -8
+    one fp8_gemm_dense 200 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 $G \
+        --recipes=bf16,mxfp4,mxint4,ufp4+recipe_format=int4/16/e8m0,mxfp4+recipe_fp8_gemm=False,ufp4
+    one fp8_gemm_wide 160 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=6 $G --recipes=bf16,mxfp4,mxint4,ufp4
+    one fp8_gemm_moe 120 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 $G --recipes=bf16,mxfp4,ufp4 ;;
+*) echo "unknown set $set_name: recipes or fp8"; exit 2 ;;
+esac
+cat "$OUT/bench.log"

@@ -20,6 +20,7 @@ import fp4  # noqa: E402
 import kernels  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from bitwise import assert_same, bits  # noqa: E402
 
 if not kernels.INTERPRET:  # imported earlier in this process without the interpreter
     pytest.skip("kernels was imported without TRITON_INTERPRET=1", allow_module_level=True)
@@ -32,29 +33,6 @@ FORMATS = list(fp4.FORMATS)
 def fmt_of(name, block_2d=False):
     f = fp4.FORMATS[name]
     return dataclasses.replace(f, block_2d=True) if block_2d else f
-
-
-def bits(t):
-    """Integer view of a float tensor (for bit-exact comparisons)."""
-    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
-
-
-def assert_same(a, b, what=""):
-    """Bit-identical, except that any NaN matches any NaN."""
-    assert (a is None) == (b is None), what
-    if a is None:
-        return
-    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
-    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} vs {b.dtype}"
-    if a.dtype == torch.uint8:
-        bad = (a != b).sum().item()
-        assert bad == 0, f"{what}: {bad} of {a.numel()} codes differ"
-        return
-    na, nb = a.isnan(), b.isnan()
-    assert torch.equal(na, nb), f"{what}: NaN positions differ ({na.sum()} vs {nb.sum()})"
-    diff = (bits(a) != bits(b)) & ~na
-    assert not diff.any(), (f"{what}: {diff.sum().item()} of {a.numel()} differ, e.g. "
-                            f"{a[diff][:4].tolist()} vs {b[diff][:4].tolist()}")
 
 
 def assert_qtensor(q, r, what=""):
@@ -926,10 +904,6 @@ def test_module_surface(monkeypatch):
 # -----------------------------------------------------------------------------
 # FP8 operands (power-of-two block scales)
 
-def _f8bits(v):
-    return v.contiguous().view(torch.uint8)
-
-
 @pytest.mark.parametrize("name", ["mxfp4", "mxint4", "int4/16/e8m0"])
 @pytest.mark.parametrize("fp8", [fp4.E4M3, fp4.E5M2])
 @pytest.mark.parametrize("dim,rht", [(-1, None), (0, None), (-1, 16), (0, 32)])
@@ -941,7 +915,7 @@ def test_to_fp8_matches_reference(name, fp8, dim, rht):
     rv, rs = fp4.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8)
     assert v.dtype == fp8 and v.shape == x.shape and v.stride() == rv.stride()
     assert v.stride(dim) == 1, "the blocked dim is contiguous (the FP8 GEMM's operand layout)"
-    assert torch.equal(_f8bits(v), _f8bits(rv)) and torch.equal(s, rs)
+    assert torch.equal(bits(v), bits(rv)) and torch.equal(s, rs)
 
 
 @pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
@@ -956,7 +930,7 @@ def test_to_fp8_sr_and_pair_equal_fake_quant(name):
     assert_same(a.float() * sa, fa, "row")
     assert_same(b.float() * sb, fb, "col")
     v, s = kernels.to_fp8(x, name, dim=0, rounding="sr", rht=16, seed=7, fp8=fp4.E5M2)
-    assert torch.equal(_f8bits(v), _f8bits(b)) and torch.equal(s, sb)
+    assert torch.equal(bits(v), bits(b)) and torch.equal(s, sb)
 
 
 @pytest.mark.parametrize("special", [float("nan"), float("inf")])
@@ -970,7 +944,7 @@ def test_to_fp8_zero_empty_and_nonfinite_tensors(special):
         v, s = kernels.to_fp8(x, "mxint4", dim=dim, fp8=fp8)
         rv, rs = fp4.to_fp8(x, "mxint4", dim=dim, fp8=fp8)
         assert s.isnan() and rs.isnan(), "a non-finite tensor gets a NaN scale, never a finite one"
-        assert torch.equal(_f8bits(v), _f8bits(rv))
+        assert torch.equal(bits(v), bits(rv))
 
 
 def test_quantize_both_rejects_a_side_both_packed_and_fp8():

@@ -16,6 +16,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 if not torch.cuda.is_available():
     print("skip: no CUDA device")
@@ -23,31 +24,10 @@ if not torch.cuda.is_available():
 
 import fp4  # noqa: E402
 import kernels  # noqa: E402
+from bitwise import assert_same as same  # noqa: E402
 
 DEV = "cuda"
 RESULTS = []
-
-
-def bits(t):
-    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64, 1: torch.uint8}[t.element_size()])
-
-
-def same(a, b, what):
-    """Bit-identical (any NaN matches any NaN); raises AssertionError with a count."""
-    assert (a is None) == (b is None), f"{what}: one is None"
-    if a is None:
-        return
-    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
-    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} vs {b.dtype}"
-    if a.dtype == torch.uint8:
-        bad = (a != b).sum().item()
-        assert bad == 0, f"{what}: {bad} of {a.numel()} bytes differ"
-        return
-    na, nb = a.isnan(), b.isnan()
-    assert torch.equal(na, nb), f"{what}: NaN positions differ ({na.sum().item()} vs {nb.sum().item()})"
-    diff = (bits(a) != bits(b)) & ~na
-    n = diff.sum().item()
-    assert n == 0, f"{what}: {n} of {a.numel()} differ, e.g. {a[diff][:3].tolist()} vs {b[diff][:3].tolist()}"
 
 
 def same_q(q, r, what):
