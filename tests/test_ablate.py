@@ -295,6 +295,38 @@ def test_crossover_pairs_the_same_arm_across_base_recipes():
     assert "Crossover" in "\n".join(ablate.crossover_markdown(rows))
 
 
+def test_crossover_compares_every_pair_of_base_recipes():
+    def runs(shift):
+        return {"ufp4": {s: dict(train=1.0 + shift + 0.01 * s, val=2.0 + shift) for s in (0, 1)}}
+    groups = {(r, 10, 20, 5): runs(x) for r, x in (("bf16", 0.0), ("e2m1", 0.02), ("ufp4", 0.05))}
+    got = {(r["base"], r["vs_base"]): r["train"]["mean"] for r in ablate.crossover(groups)}
+    assert got == pytest.approx({("e2m1", "bf16"): 0.02, ("ufp4", "bf16"): 0.05, ("ufp4", "e2m1"): 0.03})
+
+
+def synthetic_group(recipe, p, e2m1, ufp4, seeds=(0, 1, 2)):
+    """Fork scores of bf16, e2m1 and ufp4 arms whose gaps to bf16 are e2m1 and ufp4 (+ a per-base wobble)."""
+    def run(x):
+        return dict(train=x, val=x + 0.2, steps=5, train_curve={}, val_curve={}, base_fp=None)
+    return {(recipe, p, 1500, 100): {arm: {s: run(3.0 + s * 0.01 + gap * (1 + 0.01 * s)) for s in seeds}
+                                     for arm, gap in (("bf16", 0.0), ("e2m1", e2m1), ("ufp4", ufp4))}}
+
+
+def test_glance_table_has_one_row_per_starting_point_and_fork_point():
+    groups = {**synthetic_group("bf16", 500, 0.02, 0.016), **synthetic_group("bf16", 1000, 0.01, 0.008),
+              **synthetic_group("e2m1", 1000, 0.012, 0.009)}
+    summary = dict(groups=[dict(base_recipe=k[0], fork_at=k[1], end=k[2], eval_iters=k[3],
+                                **ablate.group_summary(runs, "bf16")) for k, runs in sorted(groups.items())])
+    rows = [line for line in ablate.glance_markdown(summary) if line.startswith("| bf16 |")
+            or line.startswith("| e2m1 |")]
+    assert [r.split(" | ")[:3] for r in rows] == [["| bf16", "500", "500..1499"], ["| bf16", "1000", "1000..1499"],
+                                                  ["| e2m1", "1000", "1000..1499"]]
+    assert "20.0 %" in rows[0] and "20.0 %" in rows[1] and "25.0 %" in rows[2]
+    # a reference that is one of the two recipes has no gap reduction (and no crash)
+    only = ablate.group_summary(next(iter(synthetic_group("e2m1", 1000, 0.01, 0.008).values())), "e2m1")
+    assert "gap_reduction" not in only and only["contrasts"][2]["train"]["vs_ref"]["mean"] < 0
+    assert ablate.glance_markdown(dict(groups=summary["groups"][:1])) == []   # one group: nothing to glance at
+
+
 def test_forks_of_a_base_trained_again_differently_are_not_paired():
     def run(train, fp):
         return dict(train=train, val=train + 1, steps=5, train_curve={}, val_curve={}, base_fp=fp)
