@@ -437,11 +437,12 @@ def test_report_from_a_packed_archive_and_a_later_sitting_merged_into_it(tmp_pat
         ablate.main(["pack", f"--out={other}", f"--to={tmp_path / 'x.tgz'}", f"--merge={archive}"])
 
 
-def test_the_committed_fork_tables_are_what_the_committed_runs_give(tmp_path):
-    """results/ablation/fork_gpt/summary.* come from results/ablation/fork_gpt_runs.tgz."""
-    archive = "results/ablation/fork_gpt_runs.tgz"
+@pytest.mark.parametrize("name", ["fork_gpt", "fork_moe"])
+def test_the_committed_fork_tables_are_what_the_committed_runs_give(tmp_path, name):
+    """results/ablation/NAME/summary.* come from results/ablation/NAME_runs.tgz."""
+    archive = f"results/ablation/{name}_runs.tgz"
     ablate_cli("report", f"--runs={archive}", f"--out={tmp_path}")
-    committed = os.path.join(ROOT, "results", "ablation", "fork_gpt")
+    committed = os.path.join(ROOT, "results", "ablation", name)
     assert json.load(open(tmp_path / "summary.json")) == json.load(open(os.path.join(committed, "summary.json")))
     assert (open(tmp_path / "summary.md").read().splitlines()[1:]
             == open(os.path.join(committed, "summary.md")).read().splitlines()[1:])
