@@ -8,7 +8,9 @@ analyze.py: shrinkage analysis, the paper's tensor-level measurements.
       and ufp4 with and without RHT: the forward penalty (CE with one Fprop GEMM, or all, quantized
       with RTNE, minus the exact CE), the Wgrad bias over SR draws against the exact dW (alpha_g,
       cosine, draw-corrected |bias|^2, variance ratio), alpha / SQNR / B_eff of the Fprop operands
-      and the empirical per-level bias E[Q(t) - t | level]; markdown + json
+      and the empirical per-level bias E[Q(t) - t | level]; markdown + json per checkpoint, and
+      summary.md: every checkpoint analysed in --out, one row each (steps, training recipes)
+  python analyze.py mechanism_summary --out results/mechanism   # summary.md again, from the json
   python analyze.py tensors --ckpt out/x/ckpt.pt [--out results/shrinkage]
       capture the real operands of every quantized GEMM of a trained bf16 checkpoint (inputs of
       qkv/proj/fc1/fc2, weights, and dy from one backward pass) and report alpha, SQNR and
@@ -20,6 +22,7 @@ All the math lives in fp4.py (attenuation, sqnr_db, bucket_use, bin_bias); this 
 collects tensors and prints or draws.
 """
 import argparse
+import glob
 import json
 import math
 import os
@@ -443,6 +446,18 @@ def _layer_mean(result, section, metric, label, op=None):
     return sum(vals) / len(vals)
 
 
+def rht_alpha_shift(r, fmt):
+    """(layers where RHT lowers the Fprop input's alpha under fmt, layers where it raises it),
+    each beyond 2 SE of the difference."""
+    op, lower, higher = r["operands"], 0, 0
+    for t in r["layers"]:
+        (a0, s0), (a1, s1) = op[f"{fmt}|{t}|x"]["alpha"], op[f"{fmt}+RHT|{t}|x"]["alpha"]
+        band = 2 * math.sqrt((s0 if s0 == s0 else 0) ** 2 + (s1 if s1 == s1 else 0) ** 2)
+        lower += a1 < a0 - band
+        higher += a1 > a0 + band
+    return lower, higher
+
+
 def mechanism_checks(r):
     """Plain statements, each from the numbers, on where the paper's mechanism shows."""
     labels, L = [mech_label(f, h) for f, h in MECH_CONFIGS], len(r["layers"])
@@ -452,12 +467,7 @@ def mechanism_checks(r):
         f"{c} {alpha(c, 'x'):.4f} / {alpha(c, 'W'):.4f}" for c in labels) +
         ". The paper's mechanism: E2M1 shrinks (alpha < 1), int4 does not."]
     for fmt in ("e2m1", "ufp4"):
-        lower = higher = 0
-        for t in r["layers"]:
-            (a0, s0), (a1, s1) = op[f"{fmt}|{t}|x"]["alpha"], op[f"{fmt}+RHT|{t}|x"]["alpha"]
-            band = 2 * math.sqrt((s0 if s0 == s0 else 0) ** 2 + (s1 if s1 == s1 else 0) ** 2)
-            lower += a1 < a0 - band
-            higher += a1 > a0 + band
+        lower, higher = rht_alpha_shift(r, fmt)
         out.append(f"- RHT on the Fprop input x under {fmt}: alpha lower (more shrinkage) in {lower} of {L} "
                    f"layers, higher in {higher}, within 2 SE in {L - lower - higher}. The paper: RHT "
                    f"amplifies E2M1's shrinkage and leaves int4 unbiased.")
@@ -519,6 +529,74 @@ def mechanism_markdown(r):
     return out
 
 
+def _layers_pm(r, section, metric, label, op=None):
+    """Mean over layers of a metric, ± the SE of that mean from the per-layer SEs over batches
+    (the layers treated as independent)."""
+    keys = [f"{label}|{t}" + (f"|{op}" if op else "") for t in r["layers"]]
+    ses = [r[section][k][metric][1] for k in keys]
+    se = math.sqrt(sum(x * x for x in ses)) / len(ses) if all(x == x for x in ses) else float("nan")
+    return _layer_mean(r, section, metric, label, op), se
+
+
+SUMMARY_ROWS = (  # title, (section, metric, operand or None), format
+    ("Fprop alpha of x (the layer's input), mean over layers", ("operands", "alpha", "x"), ".4f"),
+    ("Fprop alpha of W, mean over layers", ("operands", "alpha", "W"), ".4f"),
+    ("Wgrad alpha_g (SR on dy), mean over layers", ("gradient", "alpha_g", None), ".4f"),
+    ("Wgrad |bias|^2 / |g|^2, mean over layers", ("gradient", "bias2_rel", None), ".2e"),
+)
+
+
+def mechanism_summary(out_dir):
+    """summary.md in out_dir: every checkpoint analysed there (its *_mechanism.json), one row each,
+    so the mechanism can be read across training (steps) and across the recipe a checkpoint was
+    trained in. Rebuilt from all the JSON files, so runs added later join the table."""
+    results = []
+    for path in sorted(glob.glob(os.path.join(out_dir, "*_mechanism.json"))):
+        r = json.load(open(path))
+        results.append((os.path.basename(path)[:-len("_mechanism.json")], r))
+    if not results:
+        sys.exit(f"error: no *_mechanism.json in {out_dir}: run `analyze.py mechanism --ckpt ... --out {out_dir}` first")
+    results.sort(key=lambda nr: (nr[1]["iter"], nr[1]["recipe"], nr[0]))
+    labels = [mech_label(f, h) for f, h in MECH_CONFIGS]
+    head = ["| checkpoint | step | trained in | " + " | ".join(labels) + " |", "|---|---|---" + "|---" * len(labels) + "|"]
+    out = ["# The mechanism at fixed weights, across checkpoints", "",
+           f"From the `*_mechanism.json` of `analyze.py mechanism` in this folder ({len(results)} checkpoints; "
+           "per checkpoint and layer: its `_mechanism.md`). Means over layers ± the SE of that mean from "
+           "the per-layer SEs over val batches; the forward penalty is the CE with every layer's Fprop "
+           "quantized (RTNE) minus the exact CE, ± SE over batches. The paper's mechanism: E2M1 shrinks "
+           "(alpha < 1) and RHT amplifies that; int4 is unbiased (alpha = 1) with or without RHT.", ""]
+
+    def row(name, r, cells):
+        return f"| {name} | {r['iter']} | {r['recipe']} | " + " | ".join(cells) + " |"
+    out += ["## Forward penalty, all layers quantized (nats)", "", *head]
+    out += [row(n, r, [_pm(r["forward_penalty"][f"{c}|all"], 5) for c in labels]) for n, r in results]
+    for title, (section, metric, op), fmt in SUMMARY_ROWS:
+        out += ["", f"## {title}", "", *head]
+        for n, r in results:
+            cells = []
+            for c in labels:
+                m, se = _layers_pm(r, section, metric, c, op)
+                cells.append(f"{m:{fmt}} ± {se:.1e}")
+            out.append(row(n, r, cells))
+    out += ["", "## RHT on the Fprop input x: layers where alpha is lower with RHT (more shrinkage) / higher, "
+            "beyond 2 SE", "", "| checkpoint | step | trained in | e2m1 | ufp4 | fc2 input SQNR, dB: " +
+            " / ".join(labels) + " |", "|---|---|---|---|---|---|"]
+    for n, r in results:
+        cells = []
+        for fmt in ("e2m1", "ufp4"):
+            lower, higher = rht_alpha_shift(r, fmt)
+            cells.append(f"{lower} / {higher} of {len(r['layers'])}")
+        fc2 = [t for t in r["layers"] if t.endswith(("fc2", "w_down"))]
+        sq = " / ".join(f"{sum(r['operands'][f'{c}|{t}|x']['sqnr_db'][0] for t in fc2) / len(fc2):.2f}"
+                        for c in labels) if fc2 else "-"
+        out.append(row(n, r, cells + [sq]))
+    path = os.path.join(out_dir, "summary.md")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    print(f"wrote {path}")
+    return out
+
+
 def ckpt_label(path):
     """A file name for a checkpoint's outputs: its two folders (ablate.py's forks/<base>/<arm> and
     bases/<base> stay apart), and the file's stem unless it is ckpt.pt."""
@@ -547,17 +625,22 @@ def main(argv):
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     m.add_argument("--backend", default="torch", choices=("torch", "triton", "auto"),
                    help="fp4's reference (default) or the Triton kernels")
+    ms = sub.add_parser("mechanism_summary", help="summary.md of every checkpoint's mechanism json in --out")
+    ms.add_argument("--out", default="results/mechanism", help="the folder `mechanism` wrote to")
     args = p.parse_args(argv)
     if args.cmd == "grids":
         draw_grids(args.out)
     elif args.cmd == "tensors":
         analyze_checkpoint(args.ckpt, args.out, args.device)
+    elif args.cmd == "mechanism_summary":
+        mechanism_summary(args.out)
     else:
         if args.draws < 2 or args.batches < 1:
             p.error("--draws must be at least 2 (the draw variance needs two) and --batches at least 1")
         fp4.set_backend(args.backend)
         for ckpt in args.ckpt:
             mechanism(ckpt, os.path.join(args.out, ckpt_label(ckpt)), args.batches, args.draws, args.device)
+        mechanism_summary(args.out)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from train_helpers import ROOT, keep_global_rng, make_char_dataset, tiny_args  # noqa: F401 (autouse)
@@ -67,6 +68,18 @@ def test_mechanism_of_a_checkpoint(tmp_path):
     md = open(prefix + "_mechanism.md").read()
     assert "| all |" in md and "## What shows" in md and "paper 21.90" in md
     assert r["draws"] == 2 and r["batches"] == 2
+    # summary.md: one row per checkpoint in --out, rebuilt from the json (a later one joins it)
+    rows = [line for line in open(tmp_path / "m" / "summary.md") if line.startswith(f"| {os.path.basename(prefix)} |")]
+    assert len(rows) == 6 and all("| 4 | bf16 |" in line for line in rows)
+    alpha_x = [line for line in rows if "±" in line][1]   # the second table: Fprop alpha of x
+    assert f"{analyze._layer_mean(r, 'operands', 'alpha', 'e2m1', 'x'):.4f} ±" in alpha_x
+    later = dict(r, iter=8, recipe="ufp4")
+    json.dump(later, open(tmp_path / "m" / "later_mechanism.json", "w"))
+    analyze.main(["mechanism_summary", f"--out={tmp_path / 'm'}"])
+    text = open(tmp_path / "m" / "summary.md").read()
+    assert "(2 checkpoints" in text and text.index("| 4 | bf16 |") < text.index("| later | 8 | ufp4 |")
+    with pytest.raises(SystemExit, match="no .*_mechanism.json"):
+        analyze.mechanism_summary(str(tmp_path))
 
 
 def test_level_bias_matches_the_analytic_bias_on_uniform_data():
