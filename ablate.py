@@ -621,6 +621,45 @@ def contrast_rows(runs, arms, ref):
     return rows
 
 
+GROWTH_PARTS = 5
+
+
+def growth(runs, ref):
+    """How the headline builds up over the window: the logged steps in GROWTH_PARTS equal parts,
+    per part e2m1 and ufp4 against ref (the mean per-step difference, paired by base: mean, SE)
+    and the part's gap reduction 1 - mean(ufp4) / mean(e2m1)."""
+    seeds = [s for s in sorted(set(runs["e2m1"]) & set(runs["ufp4"]) & set(runs[ref]))
+             if same_base(runs["e2m1"][s], runs[ref][s]) and same_base(runs["ufp4"][s], runs[ref][s])]
+    if not seeds:
+        return []
+    steps = sorted(set.intersection(*(set(runs[a][s]["train_curve"]) for a in ("e2m1", "ufp4", ref)
+                                      for s in seeds)))
+    if not steps:
+        return []
+    size = math.ceil(len(steps) / GROWTH_PARTS)
+    rows = []
+    for part in (steps[i:i + size] for i in range(0, len(steps), size)):
+        row = dict(steps=[part[0], part[-1]])
+        for arm in ("e2m1", "ufp4"):
+            row[arm] = mean_se([statistics.fmean(runs[arm][s]["train_curve"][i] - runs[ref][s]["train_curve"][i]
+                                                 for i in part) for s in seeds])
+        row["reduction"] = 1 - row["ufp4"][0] / row["e2m1"][0] if row["e2m1"][0] else float("nan")
+        rows.append(row)
+    return rows
+
+
+def growth_markdown(rows, ref):
+    if not rows:
+        return []
+    out = ["", f"How the effect builds up over the window (train loss, mean per-step Δ vs {ref} in each "
+           f"fifth of the window, paired by base):", "",
+           f"| steps | e2m1 - {ref} | ufp4 - {ref} | gap reduction |", "|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['steps'][0]}..{r['steps'][1]} | {_pm(dict(mean=r['e2m1'][0], se=r['e2m1'][1]))} | "
+                   f"{_pm(dict(mean=r['ufp4'][0], se=r['ufp4'][1]))} | {100 * r['reduction']:.1f} % |")
+    return out + [""]
+
+
 def group_summary(runs, ref):
     arms = [a for a in ARMS if a in runs] + sorted(a for a in runs if a not in ARMS)
     out = dict(arms=arms, bases=sorted({s for r in runs.values() for s in r}),
@@ -639,6 +678,7 @@ def group_summary(runs, ref):
             if both:
                 out["gap_reduction"][score] = gap_reduction([gaps["ufp4"][s] for s in both],
                                                             [gaps["e2m1"][s] for s in both])
+        out["growth"] = growth(runs, ref)
     for arm, of, _ in NOISE:
         if {arm, of} <= set(runs):
             out.setdefault("noise", {})[arm] = {}
@@ -748,6 +788,7 @@ def group_markdown(key, g):
                 f"training of the base than {ref}'s (it was trained again and came out different)"
                 for r in g["contrasts"] if r["unpaired"]]
     out += reduction_text(g.get("gap_reduction", {}))
+    out += growth_markdown(g.get("growth", []), g["contrasts"][0]["ref"] if "contrasts" in g else "")
     if "noise" in g:
         out += noise_text(g["noise"])
     if len(g.get("placement", [])) > 1:

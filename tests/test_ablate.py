@@ -327,6 +327,21 @@ def test_glance_table_has_one_row_per_starting_point_and_fork_point():
     assert ablate.glance_markdown(dict(groups=summary["groups"][:1])) == []   # one group: nothing to glance at
 
 
+def test_growth_splits_the_window_into_fifths_paired_by_base():
+    def run(curve):
+        return dict(train=0, val=0, steps=len(curve), train_curve=curve, val_curve={}, base_fp=None)
+    steps = range(100, 110)
+    runs = {"bf16": {s: run({i: 3.0 + s for i in steps}) for s in (0, 1)},
+            "e2m1": {s: run({i: 3.0 + s + 0.01 * (i - 99) for i in steps}) for s in (0, 1)},
+            "ufp4": {s: run({i: 3.0 + s + 0.008 * (i - 99) + 0.001 * s for i in steps}) for s in (0, 1)}}
+    rows = ablate.growth(runs, "bf16")
+    assert [r["steps"] for r in rows] == [[100, 101], [102, 103], [104, 105], [106, 107], [108, 109]]
+    assert rows[0]["e2m1"][0] == pytest.approx(0.015) and rows[-1]["e2m1"][0] == pytest.approx(0.095)
+    assert rows[0]["ufp4"] == pytest.approx((0.0125, 0.0005))   # per base 0.012, 0.013
+    assert rows[-1]["reduction"] == pytest.approx(1 - 0.0765 / 0.095)
+    assert "| 100..101 | +0.01500 ± 0.00000 | +0.01250 ± 0.00050 | 16.7 % |" in ablate.growth_markdown(rows, "bf16")
+
+
 def test_forks_of_a_base_trained_again_differently_are_not_paired():
     def run(train, fp):
         return dict(train=train, val=train + 1, steps=5, train_curve={}, val_curve={}, base_fp=fp)
