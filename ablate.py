@@ -5,8 +5,10 @@ a few thousandths of a nat resolve.
     python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=headline --fork_at=1000 \
         --eval_iters=100 --parallel=8 --gpus=0 --drop_fork_ckpts --out=out/fork_gpt
     python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-7 --arms=placement,formats ... (same --out)
-    python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-3 --base_recipe=e2m1,ufp4 \
-        --arms=e2m1,ufp4 --ref=e2m1 --out=out/cross_gpt          # the crossover
+    python ablate.py fork configs/gpu/ablate_gpt.py --bases=0-2 --base_recipe=e2m1,ufp4 \
+        --arms=e2m1,ufp4 ... (same --out)   # the crossover; the reference arm (bf16) comes along
+    python ablate.py fork configs/gpu/ablate_gpt.py --bases=10-11 --arms=bf16,e2m1,ufp4 \
+        --fork_at=500 ... (same --out)      # a second fork point, on bases of their own
     python ablate.py report --out=out/fork_gpt        # the tables again, from every finished run
     python ablate.py pack --out=out/fork_gpt --to=runs.tgz   # logs only: for the next sitting
     python ablate.py pack --out=out/fork_gpt --to=runs.tgz --merge=runs.tgz   # add to earlier runs
