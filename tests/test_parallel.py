@@ -102,20 +102,29 @@ def free_port():
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+def launch(argv, timeout):
+    """argv on WORLD gloo processes (ranks in the environment, as torchrun sets them); their
+    output. Once more on a new port if the first was taken between probing and binding it."""
+    for attempt in range(2):
+        env = dict(os.environ, WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, *argv], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(WORLD)]
+        try:
+            outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        finally:   # a rank that died leaves the other waiting in a collective
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        text = "\n".join(outs)
+        if all(p.returncode == 0 for p in procs) or "address already in use" not in text.lower() or attempt:
+            break
+    assert all(p.returncode == 0 for p in procs), text[-4000:]
+    return outs
+
 def run_workers(folder):
-    env = dict(os.environ, WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, str(folder)],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:   # a rank that died leaves the other waiting in a collective
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-4000:]
+    launch([__file__, str(folder)], timeout=120)
 
 def reference_step(model, optimizer, step):
     """One process: both ranks' micro-batches with their seeds, gradients averaged as FSDP2
@@ -169,21 +178,7 @@ def test_fsdp2_matches_one_process_bit_for_bit(tmp_path):
 def launch_train(ds, out, **kw):
     """train.py on two gloo processes; returns their output."""
     from train_helpers import tiny_args
-    env = dict(os.environ, WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py")] +
-                              tiny_args(ds, str(out), **kw),
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-4000:]
-    return outs
+    return launch([os.path.join(ROOT, "train.py")] + tiny_args(ds, str(out), **kw), timeout=300)
 
 def train_has_fsdp():
     import train
