@@ -62,6 +62,7 @@ summary.md, summary.json, loss_curves.png.
 """
 import argparse
 import glob
+import itertools
 import json
 import math
 import os
@@ -654,11 +655,11 @@ def growth_markdown(rows, ref):
     if not rows:
         return []
     out = ["", f"How the effect builds up over the window (train loss, mean per-step Δ vs {ref} in each "
-           f"fifth of the window, paired by base):", "",
+           f"of {len(rows)} equal parts of the window, paired by base):", "",
            f"| steps | e2m1 - {ref} | ufp4 - {ref} | gap reduction |", "|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['steps'][0]}..{r['steps'][1]} | {_pm(dict(mean=r['e2m1'][0], se=r['e2m1'][1]))} | "
-                   f"{_pm(dict(mean=r['ufp4'][0], se=r['ufp4'][1]))} | {100 * r['reduction']:.1f} % |")
+        e, u = (_pm(dict(zip(("mean", "se"), r[a]))) for a in ("e2m1", "ufp4"))
+        out.append(f"| {r['steps'][0]}..{r['steps'][1]} | {e} | {u} | {100 * r['reduction']:.1f} % |")
     return out + [""]
 
 
@@ -673,9 +674,9 @@ def group_summary(runs, ref):
         out["formats"] = contrast_rows(runs, [a for a in FORMAT_OF if a in runs], "ufp4")
     if ref in runs and ref not in ("ufp4", "e2m1") and {"ufp4", "e2m1"} <= set(runs):
         out["gap_reduction"] = {}
+        by_arm = {r["arm"]: r for r in out["contrasts"]}
         for score in ("train", "val"):
-            gaps = {a: paired(scores(runs, a, score, like=ref), scores(runs, ref, score))["per_base"]
-                    for a in ("ufp4", "e2m1")}
+            gaps = {a: by_arm[a][score]["vs_ref"]["per_base"] for a in ("ufp4", "e2m1")}
             both = sorted(set(gaps["ufp4"]) & set(gaps["e2m1"]))
             if both:
                 out["gap_reduction"][score] = gap_reduction([gaps["ufp4"][s] for s in both],
@@ -701,14 +702,12 @@ def crossover(groups):
     rows = []
     for (p, end, ev), per_recipe in sorted(by_point.items()):
         recipes = sorted(per_recipe, key=lambda r: list(ARMS).index(r) if r in ARMS else 99)
-        for i, vs in enumerate(recipes):
-            for other in recipes[i + 1:]:
-                for arm in [a for a in ARMS if a in per_recipe[other] and a in per_recipe[vs]]:
-                    row = dict(fork_at=p, end=end, eval_iters=ev, arm=arm, base=other, vs_base=vs)
-                    for score in ("train", "val"):
-                        row[score] = paired({s: r[score] for s, r in per_recipe[other][arm].items()},
-                                            {s: r[score] for s, r in per_recipe[vs][arm].items()})
-                    rows.append(row)
+        for vs, other in itertools.combinations(recipes, 2):
+            for arm in [a for a in ARMS if a in per_recipe[other] and a in per_recipe[vs]]:
+                row = dict(fork_at=p, end=end, eval_iters=ev, arm=arm, base=other, vs_base=vs)
+                for score in ("train", "val"):
+                    row[score] = paired(scores(per_recipe[other], arm, score), scores(per_recipe[vs], arm, score))
+                rows.append(row)
     return rows
 
 
@@ -779,7 +778,7 @@ def noise_text(noise):
 def group_markdown(key, g):
     recipe, p, end, ev = key
     out = [f"## {recipe} bases, forked at step {p}, scored over steps {p}..{end - 1} and at {end}",
-           f"", f"Bases (seeds): {g['bases']}; val on {ev} fixed batches per base; logged steps per fork: "
+           "", f"Bases (seeds): {g['bases']}; val on {ev} fixed batches per base; logged steps per fork: "
            + ", ".join(f"{a} {s}" for a, s in g["steps"].items()) + ".", ""]
     if "contrasts" in g:
         ref = g["contrasts"][0]["ref"]

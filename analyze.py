@@ -439,11 +439,24 @@ def _pm(ms, digits=4):
     return f"{m:+.{digits}f} ± {se:.{digits}f}" if se == se else f"{m:+.{digits}f}"
 
 
+def _per_layer(result, section, metric, label, op=None):
+    """[(mean, SE) of the metric in each layer]."""
+    return [result[section][f"{label}|{t}" + (f"|{op}" if op else "")][metric] for t in result["layers"]]
+
+
 def _layer_mean(result, section, metric, label, op=None):
     """Mean over layers of a metric's per-layer means."""
-    keys = [f"{label}|{t}" + (f"|{op}" if op else "") for t in result["layers"]]
-    vals = [result[section][k][metric][0] for k in keys]
+    vals = [m for m, _ in _per_layer(result, section, metric, label, op)]
     return sum(vals) / len(vals)
+
+
+def fc2_sqnr(r):
+    """{config: SQNR in dB of the MLP's second input, mean over layers}, or None without one."""
+    fc2 = [t for t in r["layers"] if t.endswith(("fc2", "w_down"))]   # dense MLP, MoE experts
+    if not fc2:
+        return None
+    return {mech_label(f, h): sum(r["operands"][f"{mech_label(f, h)}|{t}|x"]["sqnr_db"][0] for t in fc2) / len(fc2)
+            for f, h in MECH_CONFIGS}
 
 
 def rht_alpha_shift(r, fmt):
@@ -461,7 +474,6 @@ def rht_alpha_shift(r, fmt):
 def mechanism_checks(r):
     """Plain statements, each from the numbers, on where the paper's mechanism shows."""
     labels, L = [mech_label(f, h) for f, h in MECH_CONFIGS], len(r["layers"])
-    op = r["operands"]
     alpha = lambda c, o: _layer_mean(r, "operands", "alpha", c, o)  # noqa: E731
     out = ["- Fprop attenuation alpha, mean over layers (x / W): " + "; ".join(
         f"{c} {alpha(c, 'x'):.4f} / {alpha(c, 'W'):.4f}" for c in labels) +
@@ -471,9 +483,8 @@ def mechanism_checks(r):
         out.append(f"- RHT on the Fprop input x under {fmt}: alpha lower (more shrinkage) in {lower} of {L} "
                    f"layers, higher in {higher}, within 2 SE in {L - lower - higher}. The paper: RHT "
                    f"amplifies E2M1's shrinkage and leaves int4 unbiased.")
-    fc2 = [t for t in r["layers"] if t.endswith(("fc2", "w_down"))]   # dense MLP, MoE experts
-    if fc2:
-        sq = {c: sum(op[f"{c}|{t}|x"]["sqnr_db"][0] for t in fc2) / len(fc2) for c in labels}
+    sq = fc2_sqnr(r)
+    if sq:
         out.append(f"- SQNR of the fc2 input ({r['mlp']} output), mean over layers: " + "; ".join(
             f"{c} {sq[c]:.2f} dB (paper {PAPER_FC2_SQNR[c]:.2f})" for c in labels) +
             ". The paper's numbers are its 1.5B model's fc2 input: a different model and data.")
@@ -532,10 +543,10 @@ def mechanism_markdown(r):
 def _layers_pm(r, section, metric, label, op=None):
     """Mean over layers of a metric, ± the SE of that mean from the per-layer SEs over batches
     (the layers treated as independent)."""
-    keys = [f"{label}|{t}" + (f"|{op}" if op else "") for t in r["layers"]]
-    ses = [r[section][k][metric][1] for k in keys]
+    pairs = _per_layer(r, section, metric, label, op)
+    ses = [se for _, se in pairs]
     se = math.sqrt(sum(x * x for x in ses)) / len(ses) if all(x == x for x in ses) else float("nan")
-    return _layer_mean(r, section, metric, label, op), se
+    return sum(m for m, _ in pairs) / len(pairs), se
 
 
 SUMMARY_ROWS = (  # title, (section, metric, operand or None), format
@@ -586,10 +597,8 @@ def mechanism_summary(out_dir):
         for fmt in ("e2m1", "ufp4"):
             lower, higher = rht_alpha_shift(r, fmt)
             cells.append(f"{lower} / {higher} of {len(r['layers'])}")
-        fc2 = [t for t in r["layers"] if t.endswith(("fc2", "w_down"))]
-        sq = " / ".join(f"{sum(r['operands'][f'{c}|{t}|x']['sqnr_db'][0] for t in fc2) / len(fc2):.2f}"
-                        for c in labels) if fc2 else "-"
-        out.append(row(n, r, cells + [sq]))
+        sq = fc2_sqnr(r)
+        out.append(row(n, r, cells + [" / ".join(f"{sq[c]:.2f}" for c in labels) if sq else "-"]))
     path = os.path.join(out_dir, "summary.md")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
