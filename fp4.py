@@ -843,14 +843,11 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     if _uses_fp8(r, counts, x.device):
         y, xw = _forward_fp8(x, weight, r, dtype, tag, seed, _packs_wgrad_x(r, pack_x))
-        if xw is None:
-            return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
-        return y, seed, xw[0].t(), xw[1], none(torch.float32)
-    y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x)
-    if q is None:
-        return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
-    return (y, seed, q.codes, q.scales,
-            q.tensor_scale if q.tensor_scale is not None else none(torch.float32))
+        saved = xw and (xw[0].t(), xw[1], none(torch.float32))
+    else:
+        y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x)
+        saved = q and (q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32))
+    return y, seed, *(saved or (none(torch.uint8), none(torch.float32), none(torch.float32)))
 
 @_linear_op.register_fake
 def _(x, weight, counts, recipe, dtype, tag, pack_x):
@@ -1084,7 +1081,7 @@ def _record_probe(key, ref, q, fp8_blocks=None):
     ref, q = ref.detach().float(), q.detach().float()
     inexact, blocks = fp8_blocks if fp8_blocks is not None else (q.new_zeros(()), 0)
     terms = torch.stack([(q * ref).sum(), (ref * ref).sum(), ((q - ref) ** 2).sum(),
-                         inexact.float(), q.new_tensor(float(blocks))]).double()
+                         inexact.float(), q.new_full((), float(blocks))]).double()
     if key in PROBE:
         PROBE[key] += terms
     else:
