@@ -1,7 +1,9 @@
 """analyze.py: the grid picture, the tensor/depth analysis and the mechanism measurements on a
 checkpoint of a tiny run, and the estimators behind them on synthetic data."""
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -105,3 +107,13 @@ def test_draw_stats_recovers_a_known_bias_and_variance():
     assert abs(s["alpha_g"] - 0.9) < 0.005
     assert abs(s["bias2_rel"] - 0.01) < 0.002          # |0.1 g|^2 / |g|^2, the draw noise removed
     assert abs(s["var_ratio"] - 0.25 / gg) < 0.02 and s["cosine"] > 0.99
+
+
+def test_committed_mechanism_summary_rebuilds_from_its_json(tmp_path):
+    """results/ablation/mechanism_gpt/summary.md is what `analyze.py mechanism_summary` makes of
+    the committed per-checkpoint JSON files."""
+    committed = os.path.join(ROOT, "results", "ablation", "mechanism_gpt")
+    for path in glob.glob(os.path.join(committed, "*_mechanism.json")):
+        shutil.copy(path, tmp_path)
+    analyze.mechanism_summary(str(tmp_path))
+    assert open(tmp_path / "summary.md").read() == open(os.path.join(committed, "summary.md")).read()
