@@ -701,46 +701,6 @@ def _packs_wgrad_x(recipe, pack_x):
     quantizes it."""
     return bool(pack_x and recipe.wgrad.fmt)
 
-def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x):
-    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x) as a QTensor
-    (quantized along the padded tokens now, while x is at hand, so x need not be kept)."""
-    op = _operands(recipe, seeds)
-    xw, packs = None, _packs_wgrad_x(recipe, pack_x)
-    if packs and _unpadded(x, counts, recipe, dtype):
-        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True)
-    else:
-        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag)
-        if packs:
-            xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
-                          _wgrad_dtype(x, dtype), tag, packed=True)
-    wq = _operand(weight, op.fprop_w, recipe, -1, dtype, tag)
-    return _mm(xq, wq.transpose(-1, -2), _group_ends(counts)), xw
-
-def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw):
-    """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
-    tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as the QTensor that forward saved."""
-    op = _operands(recipe, seeds)
-    dy = dy.contiguous()
-    dx = dw = dyq_w = None
-    if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
-        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag)
-    elif need_dx:
-        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag)
-    if need_dx:
-        wq = _operand(weight, op.dgrad_w, recipe, -2, dtype, tag)
-        dx = _mm(dyq, wq, _group_ends(counts)).to(x_dtype)
-    if need_dw:
-        wdtype = _wgrad_dtype(dy, dtype)
-        dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
-        if dyq_w is None:
-            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag)
-        if isinstance(x_or_q, QTensor):
-            xq = dequantize(x_or_q, wdtype)
-        else:
-            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag)
-        dw = _mm(dyq_w.t(), xq, pad_offs, fp32=True).to(weight.dtype)
-    return dx, dw
-
 def _uses_fp8(recipe, counts, device):
     """The GEMM path: FP8 GEMMs (torch._scaled_mm) when the recipe allows it, all three GEMMs
     quantize to power-of-two (e8m0) block scales and the device has FP8 GEMMs (the CPU, or a GPU
@@ -762,44 +722,62 @@ def _fp8_mm(a, b, out_dtype):
                            out_dtype=torch.float32 if out_dtype == torch.float64 else out_dtype)
     return out.to(out_dtype)  # (fp64 inputs: CUDA's FP8 GEMM writes at most fp32)
 
-def _forward_fp8(x, weight, recipe, dtype, tag, seeds, pack_x):
-    """_forward on FP8 GEMMs: x and W in e4m3. With pack_x also Wgrad's x, quantized along the
-    tokens (padded to whole blocks), as FP8 values [in, T] and scale, for backward."""
-    op = _operands(recipe, seeds)
-    xw = None
-    if pack_x and _wgrad_padding(recipe, x.shape[0], None, x.device)[1] == x.shape[0]:
-        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, fp8=E4M3)
-    else:
-        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=E4M3)
-        if pack_x:
-            x_pad = _wgrad_rows(x, None, recipe)[0]
-            xw = _operand(x_pad, op.wgrad_x, recipe, 0, dtype, tag, fp8=E4M3)
-    wq, ws = _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=E4M3)
-    return _fp8_mm(xq, (wq.t(), ws), dtype), xw
+def _t(q):
+    """A GEMM operand transposed: a tensor, or FP8 (values, tensor scale)."""
+    return (q[0].t(), q[1]) if isinstance(q, tuple) else q.transpose(-1, -2)
 
-def _backward_fp8(dy, weight, x_or_fp8, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw):
-    """_backward on FP8 GEMMs: dy in e5m2 (wider range: gradients), W and x in e4m3.
-    x_or_fp8: x, or Wgrad's x as forward's FP8 (values, scale)."""
+def _gemm(a, b, offs, dtype, fp32=False):
+    """a @ b for the layer: FP8 operands (values, scale) on the FP8 tensor cores (_fp8_mm, dense
+    only), else _mm (per expert group where offs); fp32: an fp32 result (Wgrad)."""
+    if isinstance(a, tuple):
+        return _fp8_mm(a, b, torch.float32 if fp32 else dtype)
+    return _mm(a, b, offs, fp32)
+
+def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False):
+    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x), quantized
+    along the padded tokens now, while x is at hand, so x need not be kept: a QTensor, or on FP8
+    GEMMs (fp8: x and W in e4m3) its FP8 (values, scale)."""
     op = _operands(recipe, seeds)
+    e4 = E4M3 if fp8 else None
+    xw, packs = None, _packs_wgrad_x(recipe, pack_x)
+    if packs and _unpadded(x, counts, recipe, dtype):
+        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=not fp8, fp8=e4)
+    else:
+        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
+        if packs:
+            xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
+                          _wgrad_dtype(x, dtype), tag, packed=not fp8, fp8=e4)
+    wq = _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
+    return _gemm(xq, _t(wq), _group_ends(counts), dtype), xw
+
+def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
+              fp8=False):
+    """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
+    tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as forward saved it (_forward). On FP8 GEMMs
+    (fp8) dy is e5m2 (gradients need its range), W and x e4m3."""
+    op = _operands(recipe, seeds)
+    e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
     dy = dy.contiguous()
-    dx = dw = dyw = None
-    unpadded = _wgrad_padding(recipe, dy.shape[0], None, dy.device)[1] == dy.shape[0]
-    if need_dx and need_dw and unpadded:
-        dyq, dyw = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=E5M2)
+    dx = dw = dyq_w = None
+    if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
+        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=e5)
     elif need_dx:
-        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=E5M2)
+        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
     if need_dx:
-        wq = _operand(weight, op.dgrad_w, recipe, 0, dtype, tag, fp8=E4M3)
-        dx = _fp8_mm(dyq, wq, dtype).to(x_dtype)
+        wq = _operand(weight, op.dgrad_w, recipe, -2, dtype, tag, fp8=e4)
+        dx = _gemm(dyq, wq, _group_ends(counts), dtype).to(x_dtype)
     if need_dw:
-        if dyw is None:
-            dy_pad = _wgrad_rows(dy, None, recipe)[0]
-            dyw = _operand(dy_pad, op.wgrad_dy, recipe, 0, dtype, tag, fp8=E5M2)
-        xw = x_or_fp8
-        if isinstance(x_or_fp8, torch.Tensor):
-            x_pad = _wgrad_rows(x_or_fp8, None, recipe)[0]
-            xw = _operand(x_pad, op.wgrad_x, recipe, 0, dtype, tag, fp8=E4M3)
-        dw = _fp8_mm((dyw[0].t(), dyw[1]), xw, torch.float32).to(weight.dtype)
+        wdtype = _wgrad_dtype(dy, dtype)
+        dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
+        if dyq_w is None:
+            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
+        if isinstance(x_or_q, QTensor):
+            xq = dequantize(x_or_q, wdtype)
+        elif isinstance(x_or_q, tuple):
+            xq = x_or_q
+        else:
+            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag, fp8=e4)
+        dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True).to(weight.dtype)
     return dx, dw
 
 def _seed_device(x):
@@ -841,12 +819,11 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
-    if _uses_fp8(r, counts, x.device):
-        y, xw = _forward_fp8(x, weight, r, dtype, tag, seed, _packs_wgrad_x(r, pack_x))
-        saved = xw and (xw[0].t(), xw[1], none(torch.float32))
-    else:
-        y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x)
-        saved = q and (q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32))
+    y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device))
+    if isinstance(q, QTensor):
+        saved = q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
+    else:  # FP8 (values [T, in], scale): saved as [in, T] rows
+        saved = q and (q[0].t(), q[1], none(torch.float32))
     return y, seed, *(saved or (none(torch.uint8), none(torch.float32), none(torch.float32)))
 
 @_linear_op.register_fake
@@ -864,10 +841,13 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x):
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
             empty() if fmt.scale == "e4m3" else empty(0))
 
-def _saved_x(x_saved, recipe, x_dtype):
-    """Wgrad's x as forward saved it: [x] -> x; [codes, scales, tensor scale] -> its QTensor."""
+def _saved_x(x_saved, recipe, x_dtype, fp8):
+    """Wgrad's x as forward saved it: [x] -> x; [codes, scales, tensor scale] -> its QTensor; on
+    FP8 GEMMs [values [in, T], scale, empty] -> (values [T, in], scale)."""
     if len(x_saved) == 1:
         return x_saved[0]
+    if fp8:
+        return x_saved[0].t(), x_saved[1]
     codes, scales, s_enc = x_saved
     fmt, _, rht = _qparams(recipe.wgrad, recipe, recipe.wgrad.sr_b)
     return QTensor(codes, scales, s_enc if s_enc.numel() else None, fmt,
@@ -881,12 +861,9 @@ def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: 
     """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale], or
     on the FP8 path [FP8 values [in, T], scale, empty]."""
     r = _RECIPES_BY_KEY[recipe]
-    if _uses_fp8(r, counts, dy.device):
-        x_or_fp8 = (x_saved[0].t(), x_saved[1]) if len(x_saved) == 3 else x_saved[0]
-        dx, dw = _backward_fp8(dy, weight, x_or_fp8, r, dtype, x_dtype, tag, seed, need_dx, need_dw)
-    else:
-        dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype,
-                           tag, seed, need_dx, need_dw)
+    fp8 = _uses_fp8(r, counts, dy.device)
+    dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype, fp8), r, dtype, x_dtype,
+                       tag, seed, need_dx, need_dw, fp8)
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))
 
