@@ -3,7 +3,7 @@ bench.py: training throughput and memory of several recipes on one config, in on
 
     python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4,e2m1,nvfp4,mxfp4
     python bench.py configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4 --iters=20 --compile=True
-    python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,mxfp4,mxfp4+recipe_fp8_gemm=False
+    python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,mxfp4,mxfp4+recipe_fp8_gemm=True
 
 A recipe may carry train.py overrides of its own after '+' (ufp4+recipe_format=mxint4; no commas
 in them: --recipes is a comma list).

@@ -120,7 +120,7 @@ recipe_rht_size = None       # Hadamard transform size
 recipe_weight_2d = None      # 2D (16x16) scale blocks for the weights
 recipe_bf16_first = None     # the first this many blocks stay in bf16
 recipe_bf16_last = None      # the last this many blocks stay in bf16
-recipe_fp8_gemm = None       # False: power-of-two-scaled formats keep bf16 GEMMs (default: FP8 GEMMs)
+recipe_fp8_gemm = None       # True: power-of-two-scaled formats run FP8 GEMMs (opt-in; default bf16)
 backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
 sr_bits = 8                  # random bits per stochastic-rounding draw in the Triton kernels: 8 or 16
 # AdamW (fp32 master weights and states)

@@ -2,10 +2,12 @@
 # Training throughput and peak memory per recipe on one H200 (docs/performance.md), by set:
 #   recipes  the GPT-2-small-sized dense model (eager, and torch.compile without CUDA graphs for
 #            bf16/ufp4) and its MoE of similar active size; the CUDA-graph table is dev/gpu_perf.sh
-#   fp8      the FP8-GEMM checks of tests/gpu/check_kernels.py, then CUDA-graph tables of the
-#            power-of-two-scaled recipes on FP8 GEMMs (mxfp4 on bf16 GEMMs beside them): dense,
-#            the wide 24 x 2048 model where the GEMMs dominate, and the MoE (under 10 minutes)
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8]
+#   fp8      the FP8-GEMM checks of tests/gpu/check_kernels.py, then the CUDA-graph table of the
+#            power-of-two-scaled recipes on FP8 GEMMs (opt-in: recipe_fp8_gemm=True) with mxfp4
+#            on bf16 GEMMs beside them, dense GPT-2 small (about 6 minutes)
+#   fp8_wide the same for the wide 24 x 2048 model where the GEMMs dominate (a recipe took about
+#            150 s there) and the MoE (about 9 minutes): one device call each
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -19,6 +21,7 @@ one() {  # name, seconds, then bench.py arguments
     cp "out/bench_$name/bench.md" "$OUT/$name.md" 2>/dev/null
     cp "out/bench_$name/bench.json" "$OUT/$name.json" 2>/dev/null
 }
+G="--compile=True --compile_mode=reduce-overhead"; F=recipe_fp8_gemm=True
 case $set_name in
 recipes)
     B="--dataset=shakespeare --warmup=5 --iters=10"
@@ -26,12 +29,12 @@ recipes)
     one dense_compile 170 configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 --compile=True --compile_mode=default $B
     one moe_eager 140 configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4,nvfp4 --compile=False $B ;;
 fp8)
-    G="--compile=True --compile_mode=reduce-overhead"
-    timeout 60 python3 tests/gpu/check_kernels.py --quick --only=fp8 2>&1 | tail -8
-    one fp8_gemm_dense 190 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 $G \
-        --recipes=bf16,mxfp4,mxint4,ufp4+recipe_format=int4/16/e8m0,mxfp4+recipe_fp8_gemm=False
-    one fp8_gemm_wide 230 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=6 $G --recipes=bf16,mxfp4
-    one fp8_gemm_moe 100 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 $G --recipes=bf16,mxfp4 ;;
-*) echo "unknown set $set_name: recipes or fp8"; exit 2 ;;
+    timeout 60 python3 tests/gpu/check_kernels.py --quick --only=fp8 2>&1 | tail -12
+    one fp8_gemm_dense 320 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 $G \
+        --recipes=bf16,mxfp4+$F,mxint4+$F,ufp4+recipe_format=int4/16/e8m0+$F,mxfp4 ;;
+fp8_wide)
+    one fp8_gemm_wide 340 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=6 $G --recipes=bf16,mxfp4+$F
+    one fp8_gemm_moe 200 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 $G --recipes=bf16,mxfp4+$F ;;
+*) echo "unknown set $set_name: recipes, fp8 or fp8_wide"; exit 2 ;;
 esac
 cat "$OUT/bench.log"

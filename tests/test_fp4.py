@@ -868,13 +868,13 @@ def test_to_fp8_rejects_formats_without_power_of_two_scales():
 CPU = torch.device("cpu")
 
 def test_uses_fp8_dispatch():
-    assert fp4._uses_fp8(fp4.make_recipe("mxfp4"), None, CPU)
-    assert fp4._uses_fp8(fp4.make_recipe("mxint4"), None, CPU)
-    assert fp4._uses_fp8(fp4.make_recipe("ufp4", fmt="int4/16/e8m0"), None, CPU)
-    assert not fp4._uses_fp8(fp4.make_recipe("ufp4"), None, CPU)
-    assert not fp4._uses_fp8(fp4.make_recipe("nvfp4"), None, CPU)
-    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=False), None, CPU)
-    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4"), torch.tensor([3, 5]), CPU)  # experts: bf16 GEMMs
+    assert fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=True), None, CPU)
+    assert fp4._uses_fp8(fp4.make_recipe("mxint4", fp8_gemm=True), None, CPU)
+    assert fp4._uses_fp8(fp4.make_recipe("ufp4", fmt="int4/16/e8m0", fp8_gemm=True), None, CPU)
+    assert not fp4._uses_fp8(fp4.make_recipe("ufp4", fp8_gemm=True), None, CPU)
+    assert not fp4._uses_fp8(fp4.make_recipe("nvfp4", fp8_gemm=True), None, CPU)
+    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4"), None, CPU)  # opt-in
+    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=True), torch.tensor([3, 5]), CPU)  # experts
 
 
 @pytest.mark.parametrize("name,tokens,train_w", [("mxfp4", 64, True), ("mxint4", 64, True),
@@ -895,13 +895,13 @@ def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):
         outs.append((y.detach(), xi.grad, wi.grad))
     for a, b in zip(*outs):
         assert (a is None and b is None and not train_w) or torch.equal(a, b)
-    lin = fp4.FP4Linear(96, 128, bias=False, recipe=name)
+    lin = fp4.FP4Linear(96, 128, bias=False, recipe=fp4.make_recipe(name, fp8_gemm=True))
     assert fp4.saved_bytes(lin, torch.randn(64, 96)) == 64 * 96 + 4 + 6 * 8  # FP8 x, scale, seeds
 
 
 def test_fp8_telemetry_reports_the_window():
     x, w = torch.randn(64, 96, requires_grad=True), torch.randn(128, 96, requires_grad=True)
-    for name, expect in (("mxfp4", 0.0), ("ufp4", None)):
+    for name, expect in ((fp4.make_recipe("mxfp4", fp8_gemm=True), 0.0), ("ufp4", None)):
         with fp4.probe_alphas() as p:
             fp4.fp4_linear(x, w, name, tag="l").sum().backward()
         summary = fp4.probe_summary(p)

@@ -356,6 +356,11 @@ def main():
         T = 4096 if args.quick else 16384
         x, w = randn(T, 3072, seed=21), randn(768, 3072, seed=22)
         (xv, xs), (wv, ws) = kernels.to_fp8(x, "mxint4"), kernels.to_fp8(w, "mxint4")
+        for nm, t, (v, sc) in (("x", x, (xv, xs)), ("W", w, (wv, ws))):  # (it once failed with NaN)
+            print(f"      {nm}: NaN values {v.float().isnan().sum().item()}, scale {sc.item()}")
+            rv, rs = ref(fp4.to_fp8, t, "mxint4")
+            same(v.view(torch.uint8), rv.view(torch.uint8), f"fc2-shaped {nm} operand")
+            same(sc, rs, f"fc2-shaped {nm} scale")
         exact = (xv.float().double() * xs.double()) @ (wv.float().double() * ws.double()).t()
         for fast in (False, True):
             got = torch._scaled_mm(xv, wv.t(), xs, ws, out_dtype=torch.float32, use_fast_accum=fast)
