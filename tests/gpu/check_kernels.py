@@ -344,6 +344,15 @@ def main():
                     assert v.stride() == rv.stride(), f"{what}: strides {v.stride()} vs {rv.stride()}"
                     same(v.contiguous().view(torch.uint8), rv.contiguous().view(torch.uint8), what)
                     same(s, rs, what + " scale")
+        for shape, dt in (((4096, 3072), torch.bfloat16), ((768, 3072), torch.bfloat16),
+                          ((8192, 8192), torch.bfloat16), ((6144, 2048), torch.float32),
+                          ((2048, 8192), torch.float32)):  # the fc2 check's and the wide model's
+            xs = randn(*shape, seed=24, dtype=dt)
+            for dim in (-1, 0):
+                v, s = kernels.to_fp8(xs, "mxfp4", dim=dim)
+                rv, rs = ref(fp4.to_fp8, xs, "mxfp4", dim=dim)
+                same(v.contiguous().view(torch.uint8), rv.contiguous().view(torch.uint8), f"{shape} {dt} dim={dim}")
+                same(s, rs, f"{shape} {dt} dim={dim} scale")
         (a, sa), (b, sb) = kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,
                                                  seed_col=3, fp8=(fp4.E5M2, fp4.E5M2))
         fa = kernels.fake_quant(x, "mxint4", dim=1, rounding="sr", seed=3, dtype=torch.float32)
