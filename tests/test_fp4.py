@@ -426,10 +426,15 @@ def seeded_fp4_linear(x, w, r, rng_seed=0, counts=None):
     return fp4.fp4_linear(x, w, r, counts=counts), seed
 
 
-@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4"])
+def recipe_of(name):
+    """A preset by name; 'NAME+fp8' is the preset on FP8 GEMMs (opt-in)."""
+    return fp4.make_recipe(name.removesuffix("+fp8"), fp8_gemm=True if name.endswith("+fp8") else None)
+
+
+@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4", "mxfp4+fp8"])
 def test_fp4_linear_is_the_three_quantized_gemms(name):
     torch.manual_seed(1)
-    r = fp4.RECIPES[name]
+    r = recipe_of(name)
     x = torch.randn(64, 96, requires_grad=True)
     w = torch.randn(32, 96, requires_grad=True)
     dy = torch.randn(64, 32)
@@ -726,11 +731,11 @@ def test_probe_works_under_compile_without_recompiling():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4", "mxfp4+fp8"])
 def test_packed_wgrad_x_equals_quantizing_x_in_backward(name, monkeypatch):
-    """Forward saves Wgrad's Q(x) packed; quantizing x in backward instead gives the same bits
-    (also with SR on x: the same seed)."""
-    r = fp4.make_recipe(name)
+    """Forward saves Wgrad's Q(x) packed (FP8 on the FP8 path); quantizing x in backward instead
+    gives the same bits (also with SR on x: the same seed)."""
+    r = recipe_of(name)
     r = fp4.replace(r, wgrad=fp4.replace(r.wgrad, sr_b=True))
     torch.manual_seed(8)
     x, w, wg = torch.randn(40, 64), torch.randn(32, 64), torch.randn(3, 32, 64)

@@ -165,12 +165,13 @@ def triton_vs_torch():
             fp4._packs_wgrad_x = saved
             fp4.set_backend("auto")
 
-    for name in ("ufp4", "nvfp4", "mxfp4"):
-        r = fp4.make_recipe(name, sr_dy=False)
+    for name in ("ufp4", "nvfp4", "mxfp4", "mxfp4+fp8"):  # +fp8: on FP8 GEMMs (opt-in)
+        base, fp8 = name.removesuffix("+fp8"), name.endswith("+fp8") or None
+        r = fp4.make_recipe(base, sr_dy=False, fp8_gemm=fp8)
         a, b = run(r, "triton"), run(r, "torch")
         same = [torch.equal(u, v) for u, v in zip(a, b)]
         report(all(same), f"FP4Linear {name} RTNE: triton (packed Wgrad x) == torch, y dx dW", str(same))
-        r = fp4.RECIPES[name]
+        r = fp4.make_recipe(base, fp8_gemm=fp8)
         a, b = run(r, "triton"), run(r, "triton", packed=False)
         same = [torch.equal(u, v) for u, v in zip(a, b)]
         report(all(same), f"FP4Linear {name} SR dy, triton: packed Wgrad x == quantizing x in backward", str(same))
