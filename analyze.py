@@ -444,10 +444,18 @@ def _per_layer(result, section, metric, label, op=None):
     return [result[section][f"{label}|{t}" + (f"|{op}" if op else "")][metric] for t in result["layers"]]
 
 
+def _layers_pm(r, section, metric, label, op=None):
+    """Mean over layers of a metric, ± the SE of that mean from the per-layer SEs over batches
+    (the layers treated as independent)."""
+    pairs = _per_layer(r, section, metric, label, op)
+    ses = [se for _, se in pairs]
+    se = math.sqrt(sum(x * x for x in ses)) / len(ses) if all(x == x for x in ses) else float("nan")
+    return sum(m for m, _ in pairs) / len(pairs), se
+
+
 def _layer_mean(result, section, metric, label, op=None):
     """Mean over layers of a metric's per-layer means."""
-    vals = [m for m, _ in _per_layer(result, section, metric, label, op)]
-    return sum(vals) / len(vals)
+    return _layers_pm(result, section, metric, label, op)[0]
 
 
 def fc2_sqnr(r):
@@ -538,15 +546,6 @@ def mechanism_markdown(r):
                  for q, b, n in zip(grid, v["bias"], v["count"])]
         out.append(f"| {kind} | {c} | " + ", ".join(cells) + " |")
     return out
-
-
-def _layers_pm(r, section, metric, label, op=None):
-    """Mean over layers of a metric, ± the SE of that mean from the per-layer SEs over batches
-    (the layers treated as independent)."""
-    pairs = _per_layer(r, section, metric, label, op)
-    ses = [se for _, se in pairs]
-    se = math.sqrt(sum(x * x for x in ses)) / len(ses) if all(x == x for x in ses) else float("nan")
-    return sum(m for m, _ in pairs) / len(pairs), se
 
 
 SUMMARY_ROWS = (  # title, (section, metric, operand or None), format

@@ -333,26 +333,27 @@ def main():
         check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear(rn, False))
     check("FP4Linear nvfp4 with SR dy: close", lambda: linear("nvfp4", True))
 
+    def fp8_same(x, name, what, **kw):
+        """kernels.to_fp8 of x == fp4.to_fp8 bit for bit (values, layout, scale): -> (values, scale)."""
+        v, s = kernels.to_fp8(x, name, **kw)
+        rv, rs = ref(fp4.to_fp8, x, name, **kw)
+        assert v.stride() == rv.stride(), f"{what}: strides {v.stride()} vs {rv.stride()}"
+        same(v.contiguous().view(torch.uint8), rv.contiguous().view(torch.uint8), what)
+        same(s, rs, what + " scale")
+        return v, s
+
     def fp8_operands():
         x = randn(*tall, seed=20)
         for name in ("mxfp4", "mxint4", "int4/16/e8m0"):
             for f8 in (fp4.E4M3, fp4.E5M2):
                 for dim, rht in ((-1, None), (0, None), (-1, 16), (0, 32)):
-                    v, s = kernels.to_fp8(x, name, dim=dim, rht=rht, fp8=f8)
-                    rv, rs = ref(fp4.to_fp8, x, name, dim=dim, rht=rht, fp8=f8)
-                    what = f"{name} {f8} dim={dim} rht={rht}"
-                    assert v.stride() == rv.stride(), f"{what}: strides {v.stride()} vs {rv.stride()}"
-                    same(v.contiguous().view(torch.uint8), rv.contiguous().view(torch.uint8), what)
-                    same(s, rs, what + " scale")
+                    fp8_same(x, name, f"{name} {f8} dim={dim} rht={rht}", dim=dim, rht=rht, fp8=f8)
         for shape, dt in (((4096, 3072), torch.bfloat16), ((768, 3072), torch.bfloat16),
                           ((8192, 8192), torch.bfloat16), ((6144, 2048), torch.float32),
                           ((2048, 8192), torch.float32)):  # the fc2 check's and the wide model's
             xs = randn(*shape, seed=24, dtype=dt)
             for dim in (-1, 0):
-                v, s = kernels.to_fp8(xs, "mxfp4", dim=dim)
-                rv, rs = ref(fp4.to_fp8, xs, "mxfp4", dim=dim)
-                same(v.contiguous().view(torch.uint8), rv.contiguous().view(torch.uint8), f"{shape} {dt} dim={dim}")
-                same(s, rs, f"{shape} {dt} dim={dim} scale")
+                fp8_same(xs, "mxfp4", f"{shape} {dt} dim={dim}", dim=dim)
         (a, sa), (b, sb) = kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,
                                                  seed_col=3, fp8=(fp4.E5M2, fp4.E5M2))
         fa = kernels.fake_quant(x, "mxint4", dim=1, rounding="sr", seed=3, dtype=torch.float32)
@@ -364,12 +365,10 @@ def main():
     def fp8_gemm_exact():
         T = 4096 if args.quick else 16384
         x, w = randn(T, 3072, seed=21), randn(768, 3072, seed=22)
-        (xv, xs), (wv, ws) = kernels.to_fp8(x, "mxint4"), kernels.to_fp8(w, "mxint4")
-        for nm, t, (v, sc) in (("x", x, (xv, xs)), ("W", w, (wv, ws))):  # (it once failed with NaN)
-            print(f"      {nm}: NaN values {v.float().isnan().sum().item()}, scale {sc.item()}")
-            rv, rs = ref(fp4.to_fp8, t, "mxint4")
-            same(v.view(torch.uint8), rv.view(torch.uint8), f"fc2-shaped {nm} operand")
-            same(sc, rs, f"fc2-shaped {nm} scale")
+        # (it once failed with NaN: the operands against the reference first)
+        (xv, xs), (wv, ws) = fp8_same(x, "mxint4", "fc2-shaped x"), fp8_same(w, "mxint4", "fc2-shaped W")
+        print(f"      operands: NaN values {xv.float().isnan().sum().item()}, {wv.float().isnan().sum().item()}; "
+              f"scales {xs.item()}, {ws.item()}")
         exact = (xv.float().double() * xs.double()) @ (wv.float().double() * ws.double()).t()
         for fast in (False, True):
             got = torch._scaled_mm(xv, wv.t(), xs, ws, out_dtype=torch.float32, use_fast_accum=fast)
