@@ -1048,8 +1048,8 @@ def _amax_tile(M, N, row, col, esize):
         return max(64, col), max(64, row), 4, 1, 1
     if col:
         return max(128, col), 64, 4, 1, 1
-    BM, BN, nw, mode = _tile(M, N, row, None, esize=esize)
-    return BM, BN, nw, mode, 4 if M % (4 * BM) == 0 else 1
+    BM, BN, nw, _ = _tile(M, N, row, None, esize=esize)
+    return BM, BN, nw, 1, 4 if M % (4 * BM) == 0 else 1
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,7 +29,8 @@ recipes)
     one dense_compile 170 configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 --compile=True --compile_mode=default $B
     one moe_eager 140 configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4,nvfp4 --compile=False $B ;;
 fp8)
-    timeout 150 python3 tests/gpu/check_kernels.py --quick --only=fp8 2>&1 | tail -16
+    timeout 150 python3 tests/gpu/check_kernels.py --quick --only=fp8 > "$OUT/check_fp8.log" 2>&1
+    tail -16 "$OUT/check_fp8.log"
     one fp8_gemm_dense 320 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 $G \
         --recipes=bf16,mxfp4+$F,mxint4+$F,ufp4+recipe_format=int4/16/e8m0+$F,mxfp4 ;;
 fp8_wide)

@@ -342,6 +342,25 @@ def main():
         same(s, rs, what + " scale")
         return v, s
 
+    def tensor_amax():
+        """The amax pass behind NVFP4's and FP8's tensor scales: max |x| exactly, for row and
+        column loads, every time (row loads of whole 32-groups per thread once gave a wrong
+        maximum now and then: docs/kernels.md, the amax pass)."""
+        for shape in ((4096, 3072), (4096, 2048), (768, 3072), (4096, 1024), (8192, 2048)):
+            x = randn(*shape, seed=24)
+            want = x.float().abs().max().item()
+            for name in ("mxint4", "nvfp4"):
+                for col, rht in ((False, None), (False, 16), (True, 16)):
+                    for _ in range(3):
+                        got = kernels._tensor_amax(x.view(1, *shape), fp4.get_format(name), rht, col)
+                        got = got.view(torch.float32).item()
+                        if rht is None:
+                            assert got == want, f"{shape} {name}: amax {got} vs {want}"
+                        else:
+                            xr = fp4.rht_transform(x.float(), rht, 0 if col else -1)
+                            assert got == xr.abs().max().item(), f"{shape} {name} rht={rht} col={col}: {got}"
+    check("tensor amax for NVFP4 and FP8 scales == max |x| (3 times each)", tensor_amax)
+
     def fp8_operands():
         x = randn(*tall, seed=20)
         for name in ("mxfp4", "mxint4", "int4/16/e8m0"):
