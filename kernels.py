@@ -1042,7 +1042,8 @@ def _tensor_amax(x3, fmt, rht, col, col_rht=None, col_fmt=None, cfg=None):
 def _amax_tile(M, N, row, col, esize):
     """The amax pass's tile (BM, BN, warps, row load mode, tiles per program) for row loads (row:
     what BN must be a multiple of) and/or column loads (col: what BM must be a multiple of). Row
-    loads take the row quantize's tile, four per program (fewer atomics); column loads alone
+    loads take the row quantize's tile shape with plain loads (its whole-group loads gave a wrong
+    amax now and then on the H200), four tiles per program (fewer atomics); column loads alone
     128 x 64; both at least 64 x 64 (docs/kernels.md, the amax pass)."""
     if row and col:
         return max(64, col), max(64, row), 4, 1, 1

@@ -6,11 +6,13 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import inspect  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -157,8 +159,9 @@ def test_row_tiles_of_whole_groups(monkeypatch):
     check_rtne(randn(32, 2048, seed=36, dtype=torch.bfloat16), f2, 1, None, dtypes=(torch.bfloat16,))
     tiles = [(m["BM"], m["BN"]) for m in metas if "BN" in m]  # (the dequantize's tiles are BR x BK)
     assert tiles and all(bm * bn <= 8192 for bm, bn in tiles), tiles
-    # the default launches: mode 2 for 32-blocks packed or SR, mode 0 otherwise
-    for name, want in (("mxfp4", [0, 2, 2]), ("nvfp4", [0] * 6)):  # nvfp4: an amax pass before each
+    # the default launches: mode 2 for 32-blocks packed or SR, mode 0 otherwise; NVFP4's amax pass
+    # before each takes plain loads (whole-group loads gave a wrong amax on the H200: docs/kernels.md)
+    for name, want in (("mxfp4", [0, 2, 2]), ("nvfp4", [1, 0] * 3)):
         metas.clear()
         x = randn(16, 512, seed=40, dtype=torch.bfloat16)
         kernels.fake_quant(x, name, rht=16)
@@ -351,8 +354,9 @@ def test_tensor_amax_pass_every_load_plan():
                 else:
                     same(got[0], want(x3, rr, 2), what)
                     same(got[1], want(x3, rc or None, 1), what)
-    # the default plans: row loads four tiles per program when M allows; column loads alone 128 x 64
-    assert kernels._amax_tile(96, 512, 16, None, 2) == (8, 512, 4, 0, 4)
+    # the default plans: row loads plain (mode 1: whole-group loads gave a wrong amax on the H200),
+    # four tiles per program when M allows; column loads alone 128 x 64
+    assert kernels._amax_tile(96, 512, 16, None, 2) == (8, 512, 4, 1, 4)
     assert kernels._amax_tile(80, 512, 16, None, 2)[4] == 1
     assert kernels._amax_tile(96, 512, None, 16, 2) == (128, 64, 4, 1, 1)
 
@@ -951,3 +955,82 @@ def test_quantize_both_rejects_a_side_both_packed_and_fp8():
     for mod in (kernels, fp4):
         with pytest.raises(ValueError, match="packed or FP8"):
             mod.quantize_both(torch.randn(64, 64), "mxint4", packed=True, fp8=(fp4.E4M3, None))
+
+
+# -----------------------------------------------------------------------------
+# Writes stay inside the outputs
+
+@contextlib.contextmanager
+def writes_inside_arguments():
+    """Under the interpreter: every store and atomic a kernel makes lands inside one of the tensors
+    it was passed. (A write past an output goes unseen by value checks; on the GPU it overwrites
+    whatever the allocator put next to it.)"""
+    from triton.runtime import interpreter as ti
+    spans, seen = [], [0]
+    call, store, rmw = ti.GridExecutor.__call__, ti.InterpreterBuilder.create_masked_store, \
+        ti.InterpreterBuilder.create_atomic_rmw
+
+    def extent(t):
+        last = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else -1
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    def guarded_call(self, *args, **kwargs):
+        spans[:] = [extent(t) for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        return call(self, *args, **kwargs)
+
+    def check(ptrs, mask, size):
+        p = ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)].astype(np.int64)
+        inside = np.zeros(p.shape, bool)
+        for lo, hi in spans:
+            inside |= (p >= lo) & (p + size <= hi)
+        assert inside.all(), f"{(~inside).sum()} of {p.size} writes fall outside the kernel's tensors"
+        seen[0] += p.size
+
+    def guarded_store(self, ptrs, value, mask, *a):
+        check(ptrs, mask, value.data.dtype.itemsize)
+        return store(self, ptrs, value, mask, *a)
+
+    def guarded_rmw(self, op, ptr, val, mask, *a):
+        check(ptr, mask, val.data.dtype.itemsize)
+        return rmw(self, op, ptr, val, mask, *a)
+
+    ti.GridExecutor.__call__ = guarded_call
+    ti.InterpreterBuilder.create_masked_store = guarded_store
+    ti.InterpreterBuilder.create_atomic_rmw = guarded_rmw
+    try:
+        yield seen
+    finally:
+        ti.GridExecutor.__call__ = call
+        ti.InterpreterBuilder.create_masked_store = store
+        ti.InterpreterBuilder.create_atomic_rmw = rmw
+
+
+def test_write_guard_catches_a_write_past_the_output():
+    @triton.jit
+    def spill(out_ptr, N, BLOCK: tl.constexpr):
+        off = tl.arange(0, BLOCK)
+        tl.store(out_ptr + off, off.to(tl.float32), mask=off < N + 1)  # one element too many
+
+    buf = torch.zeros(40)
+    with writes_inside_arguments(), pytest.raises(Exception, match="1 of 33 writes fall outside"):
+        spill[(1,)](buf[:32], 32, BLOCK=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_kernels_write_only_inside_their_outputs(dtype):
+    """Every quantize path the layer takes (FP8 operands alone and in pairs, both orientations,
+    RHT, SR; packed; NVFP4's amax pass) on shapes of several tiles each way, each of the row load
+    modes on 16-bit input."""
+    x = randn(32, 3072, seed=3, dtype=dtype)
+    with writes_inside_arguments() as seen:
+        for name in ("mxfp4", "mxint4"):
+            for dim, rht, rounding, f8 in ((-1, None, "rtne", fp4.E4M3), (0, 16, "sr", fp4.E5M2),
+                                           (-1, None, "sr", fp4.E5M2), (0, None, "rtne", fp4.E4M3)):
+                kernels.to_fp8(x, name, dim=dim, rht=rht, rounding=rounding, seed=5, fp8=f8)
+            kernels.quantize_both(x, name, rounding="sr", rht_col=16, seed=1, seed_col=2,
+                                  fp8=(fp4.E5M2, fp4.E5M2))
+            kernels.quantize_both(x, name, rht_col=16, fp8=(fp4.E4M3, fp4.E4M3))
+        kernels.quantize_both(x, "ufp4", rounding="sr", rht_col=16, seed=1, packed=(False, True))
+        kernels.fake_quant(x, "nvfp4", dim=0, rht=16)
+        kernels.quantize(x, "nvfp4")
+    assert seen[0] > 10 * x.numel()
