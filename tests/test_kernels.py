@@ -6,7 +6,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 
-import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import inspect  # noqa: E402
 import math  # noqa: E402
@@ -960,11 +959,11 @@ def test_quantize_both_rejects_a_side_both_packed_and_fp8():
 # -----------------------------------------------------------------------------
 # Writes stay inside the outputs
 
-@contextlib.contextmanager
-def writes_inside_arguments():
+@pytest.fixture
+def write_guard(monkeypatch):
     """Under the interpreter: every store and atomic a kernel makes lands inside one of the tensors
     it was passed. (A write past an output goes unseen by value checks; on the GPU it overwrites
-    whatever the allocator put next to it.)"""
+    whatever the allocator put next to it.) Yields a one-element list: the writes checked."""
     from triton.runtime import interpreter as ti
     spans, seen = [], [0]
     call, store, rmw = ti.GridExecutor.__call__, ti.InterpreterBuilder.create_masked_store, \
@@ -994,43 +993,37 @@ def writes_inside_arguments():
         check(ptr, mask, val.data.dtype.itemsize)
         return rmw(self, op, ptr, val, mask, *a)
 
-    ti.GridExecutor.__call__ = guarded_call
-    ti.InterpreterBuilder.create_masked_store = guarded_store
-    ti.InterpreterBuilder.create_atomic_rmw = guarded_rmw
-    try:
-        yield seen
-    finally:
-        ti.GridExecutor.__call__ = call
-        ti.InterpreterBuilder.create_masked_store = store
-        ti.InterpreterBuilder.create_atomic_rmw = rmw
+    monkeypatch.setattr(ti.GridExecutor, "__call__", guarded_call)
+    monkeypatch.setattr(ti.InterpreterBuilder, "create_masked_store", guarded_store)
+    monkeypatch.setattr(ti.InterpreterBuilder, "create_atomic_rmw", guarded_rmw)
+    return seen
 
 
-def test_write_guard_catches_a_write_past_the_output():
+def test_write_guard_catches_a_write_past_the_output(write_guard):
     @triton.jit
     def spill(out_ptr, N, BLOCK: tl.constexpr):
         off = tl.arange(0, BLOCK)
         tl.store(out_ptr + off, off.to(tl.float32), mask=off < N + 1)  # one element too many
 
     buf = torch.zeros(40)
-    with writes_inside_arguments(), pytest.raises(Exception, match="1 of 33 writes fall outside"):
+    with pytest.raises(Exception, match="1 of 33 writes fall outside"):
         spill[(1,)](buf[:32], 32, BLOCK=64)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_quantize_kernels_write_only_inside_their_outputs(dtype):
+def test_quantize_kernels_write_only_inside_their_outputs(dtype, write_guard):
     """Every quantize path the layer takes (FP8 operands alone and in pairs, both orientations,
     RHT, SR; packed; NVFP4's amax pass) on shapes of several tiles each way, each of the row load
     modes on 16-bit input."""
     x = randn(32, 3072, seed=3, dtype=dtype)
-    with writes_inside_arguments() as seen:
-        for name in ("mxfp4", "mxint4"):
-            for dim, rht, rounding, f8 in ((-1, None, "rtne", fp4.E4M3), (0, 16, "sr", fp4.E5M2),
-                                           (-1, None, "sr", fp4.E5M2), (0, None, "rtne", fp4.E4M3)):
-                kernels.to_fp8(x, name, dim=dim, rht=rht, rounding=rounding, seed=5, fp8=f8)
-            kernels.quantize_both(x, name, rounding="sr", rht_col=16, seed=1, seed_col=2,
-                                  fp8=(fp4.E5M2, fp4.E5M2))
-            kernels.quantize_both(x, name, rht_col=16, fp8=(fp4.E4M3, fp4.E4M3))
-        kernels.quantize_both(x, "ufp4", rounding="sr", rht_col=16, seed=1, packed=(False, True))
-        kernels.fake_quant(x, "nvfp4", dim=0, rht=16)
-        kernels.quantize(x, "nvfp4")
-    assert seen[0] > 10 * x.numel()
+    for name in ("mxfp4", "mxint4"):
+        for dim, rht, rounding, f8 in ((-1, None, "rtne", fp4.E4M3), (0, 16, "sr", fp4.E5M2),
+                                       (-1, None, "sr", fp4.E5M2), (0, None, "rtne", fp4.E4M3)):
+            kernels.to_fp8(x, name, dim=dim, rht=rht, rounding=rounding, seed=5, fp8=f8)
+        kernels.quantize_both(x, name, rounding="sr", rht_col=16, seed=1, seed_col=2,
+                              fp8=(fp4.E5M2, fp4.E5M2))
+        kernels.quantize_both(x, name, rht_col=16, fp8=(fp4.E4M3, fp4.E4M3))
+    kernels.quantize_both(x, "ufp4", rounding="sr", rht_col=16, seed=1, packed=(False, True))
+    kernels.fake_quant(x, "nvfp4", dim=0, rht=16)
+    kernels.quantize(x, "nvfp4")
+    assert write_guard[0] > 10 * x.numel()
