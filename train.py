@@ -37,6 +37,7 @@ Tokens per micro-step (batch_size * block_size) need not be a multiple of the FP
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -571,9 +572,6 @@ def setup_model(run):
     if (c.batch_size * c.block_size) % 32 and run.recipe.quantized:
         run.log(f"note: {c.batch_size * c.block_size} tokens per micro-step are not a multiple of "
                 f"the Wgrad block: fp4 pads them with zero rows")
-    if run.recipe.fp8_gemm and c.compile and run.device_type == "cuda":
-        run.log("note: FP8 GEMMs under torch.compile have an open fault (NaN losses in the "
-                "24 x 2048 model; docs/formats.md, FP8 GEMMs): check this run against compile=False")
 
 
 def import_hf(run):
@@ -597,10 +595,62 @@ def import_hf(run):
     return args, weights
 
 
+PERSISTENT_ROW_LIMIT = 4096  # longest row reduction compiled code keeps in registers (inductor: 1024)
+
+
+@functools.cache
+def _rows_in_registers_class():
+    """An inductor heuristics class that keeps row reductions of up to PERSISTENT_ROW_LIMIT
+    elements in registers (persistent) instead of looping over the row."""
+    from torch._inductor import config
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.runtime.hints import ReductionHint
+
+    class RowsInRegisters(InductorChoices):
+        @staticmethod
+        def should_use_persistent_reduction(features, cooperative_reduction):
+            n = features.reduction_numel
+            if (config.triton.persistent_reductions and getattr(n, "is_number", False)
+                    and features.get_reduction_hint() == ReductionHint.INNER
+                    and int(n) <= PERSISTENT_ROW_LIMIT):
+                return True
+            return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
+
+        def uuid(self):  # inductor's cache keys: graphs compiled without this are not reused
+            return f"nanofp4-rows-in-registers-{PERSISTENT_ROW_LIMIT}"
+    return RowsInRegisters
+
+
+def rows_in_registers():
+    """The heuristics of _rows_in_registers_class (a module-level factory: inductor pickles it
+    into its cache keys)."""
+    return _rows_in_registers_class()()
+
+
+def torch_compile(model, mode="default"):
+    """torch.compile(model, mode=mode), with the model's row reductions (a norm over the width)
+    kept in registers. Inductor splits a row longer than 1024 into loops, and where one loop
+    stores a buffer that a later loop reads back (a LayerNorm's normalized x, kept for backward,
+    then scaled by its weight) it puts no barrier between them; when Triton gives the store and
+    the load different thread layouts, threads read elements that others have not stored yet:
+    a 2048-wide model gave losses that changed from one step to the next, or NaN
+    (docs/performance.md, compiled LayerNorm)."""
+    from torch._inductor import config
+    from torch._inductor.virtualized import V
+    V.set_choices_handler(rows_in_registers())  # this thread's, where a compile set the default
+    if hasattr(config, "inductor_choices_class"):
+        config.inductor_choices_class = rows_in_registers
+    else:  # an older torch keys no heuristics into its caches: compile afresh
+        import torch._functorch.config as functorch_config
+        config.fx_graph_cache = False
+        functorch_config.enable_autograd_cache = False
+    return torch.compile(model, mode=mode)
+
+
 def compile_model(run):
     """torch.compile, and one flat gradient buffer under CUDA graphs or DDP."""
     c = run.c
-    run.model = torch.compile(run.raw_model, mode=c.compile_mode) if c.compile else run.raw_model
+    run.model = torch_compile(run.raw_model, mode=c.compile_mode) if c.compile else run.raw_model
     run.graphs = c.compile and c.compile_mode in GRAPH_MODES and run.device_type == "cuda"
     # Under CUDA graphs and under DDP, the gradients are views of one flat buffer that stays
     # put and accumulates in place over the micro-steps. Graphs need them outside their

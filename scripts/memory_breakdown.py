@@ -102,7 +102,7 @@ def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=fp4.KEEP_X):
     torch.manual_seed(0)
     model = fp4.convert(GPT(train.model_config(cfg, 50304)), recipe, keep_x=keep_x).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    run = torch.compile(model, mode=mode) if mode else model
+    run = train.torch_compile(model, mode=mode) if mode else model
     graphs = mode in train.GRAPH_MODES
     B, T = cfg["batch_size"], cfg["block_size"]
     x = torch.randint(0, 50257, (B, T), device="cuda")

@@ -43,7 +43,7 @@ def profile(cfg, recipe, compile_, steps=3, warmup=4, host=False, mode="default"
     torch.manual_seed(0)
     model = fp4.convert(GPT(train.model_config(cfg, 50304)), recipe).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    run = torch.compile(model, mode=mode) if compile_ else model
+    run = train.torch_compile(model, mode=mode) if compile_ else model
     B, T = cfg["batch_size"], cfg["block_size"]
     x = torch.randint(0, 50257, (B, T), device="cuda")
 

@@ -85,6 +85,50 @@ def test_telemetry_with_cuda_graphs_is_refused():
         train.get_config(["--compile=True", "--compile_mode=reduce-overhead", "--telemetry_interval=10"])
     train.get_config(["--compile=True", "--telemetry_interval=10"])
 
+def test_torch_compile_keeps_rows_up_to_the_limit_in_registers(monkeypatch):
+    """A looped row reduction can read back its own output before all of it is stored (the
+    compiled 2048-wide LayerNorm gave NaN on the GPU): train.torch_compile makes inductor keep rows
+    up to PERSISTENT_ROW_LIMIT in registers, says so in its cache keys, and leaves other
+    reductions to inductor's own choice."""
+    import pickle
+    import sympy
+    from torch._inductor import config
+    from torch._inductor.runtime.hints import ReductionHint
+    from torch._inductor.virtualized import V
+
+    class Features:  # what the heuristic reads of a kernel
+        def __init__(self, n, hint):
+            self.reduction_numel, self.hint = sympy.Integer(n), hint
+
+        def get_reduction_hint(self):
+            return self.hint
+
+    class Sizes:
+        statically_known_leq = staticmethod(lambda a, b: bool(a <= b))
+
+    monkeypatch.setattr(config, "inductor_choices_class", getattr(config, "inductor_choices_class", None),
+                        raising=False)
+    before = V.choices
+    try:
+        model = torch.nn.Linear(4, 4)
+        compiled = train.torch_compile(model)
+        assert compiled(torch.ones(2, 4)).shape == (2, 4)
+        choices = V.choices
+        assert type(choices).__name__ == "RowsInRegisters"
+        persistent = lambda n, hint=ReductionHint.INNER: choices.should_use_persistent_reduction(  # noqa: E731
+            Features(n, hint), False)
+        limit = train.PERSISTENT_ROW_LIMIT
+        with V.set_graph_handler(type("Graph", (), {"sizevars": Sizes()})()):
+            assert limit >= 4096 and persistent(768) and persistent(2048) and persistent(limit)
+            assert not persistent(2 * limit)  # inductor's own choice: looped above 1024
+            assert not persistent(2048, ReductionHint.OUTER)  # column reductions: inductor's choice
+        if hasattr(config, "inductor_choices_class"):  # keyed into the compile caches
+            assert config.inductor_choices_class is train.rows_in_registers
+            assert pickle.loads(pickle.dumps(config.inductor_choices_class)) is train.rows_in_registers
+            assert str(limit) in config.inductor_choices_class().uuid()
+    finally:
+        V.set_choices_handler(before)
+
 def test_unknown_recipe_lists_valid_ones():
     with pytest.raises(train.ConfigError, match=r"unknown recipe 'fp3'.*ufp4"):
         train.get_config(["--recipe=fp3"])

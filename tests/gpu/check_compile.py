@@ -2,6 +2,8 @@
 
     python tests/gpu/check_compile.py
 
+Every compile goes through train.torch_compile, as train.py's does.
+
 1. graph breaks (torch._dynamo.explain) of a converted dense GPT and MoE GPT: none may come from
    the FP4 layers (the MoE router's bincount in model.py is reported, not failed)
 2. compiled (default inductor) vs eager ufp4 GPT, bf16 autocast: same loss on the same weights
@@ -13,12 +15,17 @@
 4. CUDA graphs (compile mode 'reduce-overhead'): no cudagraph skip, the same loss as eager, and
    every replay draws fresh SR seeds (dW of two replays on the same batch differ, both close to
    eager's)
-5. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled / CUDA graphs
+5. the compiled 2048-wide GPT (mxfp4; LayerNorm with bf16 and with FP8 GEMMs, RMSNorm) repeats
+   its loss on the same batch and weights, finite gradients included: a looped LayerNorm read
+   back its own output before all of it was written (train.torch_compile keeps such rows in
+   registers; docs/performance.md)
+6. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled / CUDA graphs
 
 Prints PASS / FAIL lines and ends with 'ALL PASS' (exit 0) or 'FAILED: n' (exit 1);
 'skip' and exit 0 without CUDA. `--cpu` runs the same code at toy sizes on the CPU (a smoke test
 of this script: the triton backend is then the torch one)."""
 import copy
+import math
 import os
 import sys
 import time
@@ -37,6 +44,7 @@ import torch._dynamo  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 import fp4  # noqa: E402
+import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 DEV = "cpu" if CPU else "cuda"
@@ -111,7 +119,7 @@ def compiled_vs_eager():
     counters.clear()
     eager = gpt("ufp4")
     comp_model = copy.deepcopy(eager)
-    comp = torch.compile(comp_model)
+    comp = train.torch_compile(comp_model)
     x, y = batch()
     with torch.no_grad():
         le, lc = loss_of(eager, x, y, 0).item(), loss_of(comp, x, y, 0).item()
@@ -190,7 +198,7 @@ def cuda_graphs():
     torch._dynamo.reset()
     counters.clear()
     eager = gpt("ufp4")
-    graphed = torch.compile(copy.deepcopy(eager), mode="reduce-overhead")
+    graphed = train.torch_compile(copy.deepcopy(eager), mode="reduce-overhead")
     x, y = batch()
     grads = []
     for step in range(4):
@@ -225,6 +233,31 @@ def cuda_graphs():
     torch._dynamo.reset()
 
 
+def wide_repeats():
+    width, layers = (256, 1) if CPU else (2048, 4)  # 2048: rows longer than inductor's 1024
+    x, y = batch()
+    for norm, fp8 in (("layernorm", False), ("layernorm", True), ("rmsnorm", False)):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(vocab_size=CFG["vocab_size"], block_size=CFG["block_size"], n_layer=layers,
+                          n_head=width // 128, n_embd=width, norm=norm,
+                          mlp="gelu", pos_emb="learned")).to(DEV)
+        comp = train.torch_compile(fp4.convert(m, fp4.make_recipe("mxfp4", fp8_gemm=fp8)))
+        losses, finite = [], True
+        for _ in range(3):  # no optimizer step: the same weights, and the same SR seeds
+            loss = loss_of(comp, x, y, 0)
+            losses.append(loss.item())  # read before backward
+            loss.backward()
+            finite &= all(bool(p.grad.isfinite().all()) for p in m.parameters() if p.grad is not None)
+            m.zero_grad(set_to_none=True)
+        report(len(set(losses)) == 1 and math.isfinite(losses[0]) and finite,
+               f"compiled {width}-wide GPT, {norm}, mxfp4 on {'FP8' if fp8 else 'bf16'} GEMMs: the same "
+               f"loss three times on the same batch and weights, finite gradients",
+               f"losses {' '.join(f'{v:.6f}' for v in losses)}")
+        del m, comp
+    torch._dynamo.reset()
+
+
 def speed_table():
     rows = []
     x, y = batch()
@@ -232,8 +265,8 @@ def speed_table():
         for mode in ("eager", "compiled", "graphs"):
             torch._dynamo.reset()
             m = gpt(recipe)
-            model = {"eager": m, "compiled": torch.compile(m),
-                     "graphs": torch.compile(m, mode="reduce-overhead")}[mode]
+            model = {"eager": m, "compiled": train.torch_compile(m),
+                     "graphs": train.torch_compile(m, mode="reduce-overhead")}[mode]
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
             for i in range(13):
                 if i == (0 if mode == "graphs" else 3):  # graphs: count the capture's memory pool
@@ -271,6 +304,7 @@ def main():
     check("triton vs torch backend", triton_vs_torch)
     if not CPU:
         check("CUDA graphs", cuda_graphs)
+    check("wide model repeats", wide_repeats)
     check("speed table", speed_table)
     print(f"\n{'ALL PASS' if not FAILS else 'FAILED: ' + str(len(FAILS))} in {time.time() - t0:.0f}s")
     for f in FAILS:
