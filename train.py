@@ -651,6 +651,11 @@ def compile_model(run):
     """torch.compile, and one flat gradient buffer under CUDA graphs or DDP."""
     c = run.c
     run.model = torch_compile(run.raw_model, mode=c.compile_mode) if c.compile else run.raw_model
+    width = run.raw_model.config.n_embd
+    if c.compile and run.device_type == "cuda" and width > PERSISTENT_ROW_LIMIT:
+        run.log(f"note: the model is {width} wide, above train.PERSISTENT_ROW_LIMIT "
+                f"({PERSISTENT_ROW_LIMIT}): compiled norms over rows that long can read unwritten "
+                f"memory (docs/performance.md); check this run against --compile=False")
     run.graphs = c.compile and c.compile_mode in GRAPH_MODES and run.device_type == "cuda"
     # Under CUDA graphs and under DDP, the gradients are views of one flat buffer that stays
     # put and accumulates in place over the micro-steps. Graphs need them outside their

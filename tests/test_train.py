@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import unittest.mock
 
 import pytest
 import torch
@@ -128,6 +129,19 @@ def test_torch_compile_keeps_rows_up_to_the_limit_in_registers(monkeypatch):
             assert str(limit) in config.inductor_choices_class().uuid()
     finally:
         V.set_choices_handler(before)
+
+@pytest.mark.parametrize("width, noted", [(train.PERSISTENT_ROW_LIMIT, False),
+                                           (2 * train.PERSISTENT_ROW_LIMIT, True)])
+def test_compiled_model_wider_than_the_row_limit_is_noted(width, noted):
+    from types import SimpleNamespace
+    logged = []
+    model = SimpleNamespace(config=SimpleNamespace(n_embd=width))
+    run = SimpleNamespace(c=SimpleNamespace(compile=True, compile_mode="default", fsdp=False),
+                          raw_model=model, device_type="cuda", ddp=False, log=logged.append)
+    with unittest.mock.patch.object(train, "torch_compile", lambda m, mode: m):
+        train.compile_model(run)
+    assert run.model is model and not run.graphs
+    assert any("PERSISTENT_ROW_LIMIT" in line and "--compile=False" in line for line in logged) == noted
 
 def test_unknown_recipe_lists_valid_ones():
     with pytest.raises(train.ConfigError, match=r"unknown recipe 'fp3'.*ufp4"):
