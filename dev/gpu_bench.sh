@@ -7,7 +7,10 @@
 #            on bf16 GEMMs beside them, dense GPT-2 small (about 8 minutes)
 #   fp8_wide the tables (no check) of the wide 24 x 2048 model where the GEMMs dominate (a recipe
 #            took about 150 s there) and of the MoE (about 9 minutes): one device call each
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide]
+#   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
+#            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
+#            eager; results/kernels/fp8_window_mxint4.md): about 6 minutes
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide|checks]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -36,6 +39,14 @@ fp8)
 fp8_wide)
     one fp8_gemm_wide 340 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=6 $G --recipes=bf16,mxfp4+$F
     one fp8_gemm_moe 200 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 $G --recipes=bf16,mxfp4+$F ;;
-*) echo "unknown set $set_name: recipes, fp8 or fp8_wide"; exit 2 ;;
+checks)
+    timeout 300 python3 tests/gpu/check_compile.py > "$OUT/check_compile.log" 2>&1
+    grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
+    timeout 240 python3 train.py configs/gpu/ablate_gpt.py --recipe=mxint4 --recipe_fp8_gemm=True \
+        --max_iters=300 --telemetry_interval=100 --eval_interval=300 --eval_iters=2 \
+        --out_dir=out/fp8_window --overwrite=True > "$OUT/fp8_window.log" 2>&1
+    echo "== fp8_window rc=$?" >> "$OUT/bench.log"
+    cp out/fp8_window/log.jsonl "$OUT/fp8_window_log.jsonl" 2>/dev/null ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_wide or checks"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
