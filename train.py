@@ -637,13 +637,8 @@ def torch_compile(model, mode="default"):
     (docs/performance.md, compiled LayerNorm)."""
     from torch._inductor import config
     from torch._inductor.virtualized import V
+    config.inductor_choices_class = rows_in_registers  # for new threads, and the cache keys
     V.set_choices_handler(rows_in_registers())  # this thread's, where a compile set the default
-    if hasattr(config, "inductor_choices_class"):
-        config.inductor_choices_class = rows_in_registers
-    else:  # an older torch keys no heuristics into its caches: compile afresh
-        import torch._functorch.config as functorch_config
-        config.fx_graph_cache = False
-        functorch_config.enable_autograd_cache = False
     return torch.compile(model, mode=mode)
 
 

@@ -107,8 +107,7 @@ def test_torch_compile_keeps_rows_up_to_the_limit_in_registers(monkeypatch):
     class Sizes:
         statically_known_leq = staticmethod(lambda a, b: bool(a <= b))
 
-    monkeypatch.setattr(config, "inductor_choices_class", getattr(config, "inductor_choices_class", None),
-                        raising=False)
+    monkeypatch.setattr(config, "inductor_choices_class", config.inductor_choices_class)
     before = V.choices
     try:
         model = torch.nn.Linear(4, 4)
@@ -123,10 +122,9 @@ def test_torch_compile_keeps_rows_up_to_the_limit_in_registers(monkeypatch):
             assert limit >= 4096 and persistent(768) and persistent(2048) and persistent(limit)
             assert not persistent(2 * limit)  # inductor's own choice: looped above 1024
             assert not persistent(2048, ReductionHint.OUTER)  # column reductions: inductor's choice
-        if hasattr(config, "inductor_choices_class"):  # keyed into the compile caches
-            assert config.inductor_choices_class is train.rows_in_registers
-            assert pickle.loads(pickle.dumps(config.inductor_choices_class)) is train.rows_in_registers
-            assert str(limit) in config.inductor_choices_class().uuid()
+        assert config.inductor_choices_class is train.rows_in_registers  # in the cache keys
+        assert pickle.loads(pickle.dumps(config.inductor_choices_class)) is train.rows_in_registers
+        assert str(limit) in config.inductor_choices_class().uuid()
     finally:
         V.set_choices_handler(before)
 
