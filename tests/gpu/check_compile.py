@@ -16,7 +16,8 @@ Every compile goes through train.torch_compile, as train.py's does.
    every replay draws fresh SR seeds (dW of two replays on the same batch differ, both close to
    eager's)
 5. the compiled 2048-wide GPT (mxfp4; LayerNorm with bf16 and with FP8 GEMMs, RMSNorm) repeats
-   its loss on the same batch and weights, finite gradients included: a looped LayerNorm read
+   its loss and its FP4 layers' dW (math attention) on the same batch and weights, with finite
+   gradients: a looped LayerNorm read
    back its own output before all of it was written (train.torch_compile keeps such rows in
    registers; docs/performance.md)
 6. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled / CUDA graphs
@@ -32,6 +33,7 @@ import time
 import traceback
 
 import torch
+import torch.nn.attention
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
@@ -243,17 +245,22 @@ def wide_repeats():
                           n_head=width // 128, n_embd=width, norm=norm,
                           mlp="gelu", pos_emb="learned")).to(DEV)
         comp = train.torch_compile(fp4.convert(m, fp4.make_recipe("mxfp4", fp8_gemm=fp8)))
-        losses, finite = [], True
-        for _ in range(3):  # no optimizer step: the same weights, and the same SR seeds
-            loss = loss_of(comp, x, y, 0)
-            losses.append(loss.item())  # read before backward
-            loss.backward()
-            finite &= all(bool(p.grad.isfinite().all()) for p in m.parameters() if p.grad is not None)
-            m.zero_grad(set_to_none=True)
-        report(len(set(losses)) == 1 and math.isfinite(losses[0]) and finite,
+        linears = [p for n, p in m.named_parameters() if (".attn." in n or ".mlp." in n) and p.dim() == 2]
+        losses, finite, grads = [], True, []
+        # math attention: its backward is deterministic, so the FP4 layers' dW must repeat too
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            for _ in range(3):  # no optimizer step: the same weights, and the same SR seeds
+                loss = loss_of(comp, x, y, 0)
+                losses.append(loss.item())  # read before backward
+                loss.backward()
+                finite &= all(bool(p.grad.isfinite().all()) for p in m.parameters() if p.grad is not None)
+                grads.append([p.grad.clone() for p in linears])
+                m.zero_grad(set_to_none=True)
+        same_dw = all(torch.equal(a, b) for g in grads[1:] for a, b in zip(grads[0], g))
+        report(len(set(losses)) == 1 and math.isfinite(losses[0]) and finite and same_dw,
                f"compiled {width}-wide GPT, {norm}, mxfp4 on {'FP8' if fp8 else 'bf16'} GEMMs: the same "
-               f"loss three times on the same batch and weights, finite gradients",
-               f"losses {' '.join(f'{v:.6f}' for v in losses)}")
+               f"loss and FP4 layers' dW three times on the same batch and weights, finite gradients",
+               f"losses {' '.join(f'{v:.6f}' for v in losses)}; dW repeat {same_dw} ({len(linears)} layers)")
         del m, comp
     torch._dynamo.reset()
 
