@@ -628,13 +628,9 @@ def rows_in_registers():
 
 
 def torch_compile(model, mode="default"):
-    """torch.compile(model, mode=mode), with the model's row reductions (a norm over the width)
-    kept in registers. Inductor splits a row longer than 1024 into loops, and where one loop
-    stores a buffer that a later loop reads back (a LayerNorm's normalized x, kept for backward,
-    then scaled by its weight) it puts no barrier between them; when Triton gives the store and
-    the load different thread layouts, threads read elements that others have not stored yet:
-    a 2048-wide model gave losses that changed from one step to the next, or NaN
-    (docs/performance.md, compiled LayerNorm)."""
+    """torch.compile(model, mode=mode) with row reductions (a norm over the width) kept in
+    registers: inductor loops over longer rows and can read back a buffer it stored in an
+    earlier loop before every thread has stored it (docs/performance.md, compiled LayerNorm)."""
     from torch._inductor import config
     from torch._inductor.virtualized import V
     config.inductor_choices_class = rows_in_registers  # for new threads, and the cache keys
