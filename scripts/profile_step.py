@@ -2,6 +2,8 @@
 
     python scripts/profile_step.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 [--compile]
 
+A recipe may carry train.py overrides after '+', as in bench.py: mxfp4+recipe_fp8_gemm=True.
+
 Builds the config's model (random tokens, no data needed), runs warm-up steps, then profiles 3
 forward+backward+AdamW steps with torch.profiler and sums the CUDA kernel time per category:
 GEMM (cuBLAS/CUTLASS/grouped mm, the packed FP4 GEMM), attention (cuDNN/flash SDPA), quantize
@@ -37,6 +39,12 @@ def category(name):
     if any(k in n for k in GEMM):
         return "gemm"
     return "other"
+
+
+def recipe_of(config, spec):
+    """bench.py's recipe spec (name, then '+key=value' train.py overrides) as an fp4.Recipe."""
+    name, *own = spec.split("+")
+    return train.make_recipe_from(train.get_config([config, f"--recipe={name}"] + [f"--{kv}" for kv in own]))
 
 
 def profile(cfg, recipe, compile_, steps=3, warmup=4, host=False, mode="default"):
@@ -107,7 +115,7 @@ def main():
         cfg["batch_size"] = args.batch_size
     rows, every = [], {}
     for r in args.recipes.split(","):
-        wall, per, top = profile(cfg, r, args.compile, host=args.host, mode=args.compile_mode)
+        wall, per, top = profile(cfg, recipe_of(args.config, r), args.compile, host=args.host, mode=args.compile_mode)
         rows.append((r, wall, per))
         every[r] = {"wall_ms": wall, "categories": per, "kernels": dict(top)}
         print(f"\n{r}: top kernels, then the next 'other' ones (ms per step)")
