@@ -303,8 +303,9 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
 # FP8 operands. With power-of-two block scales (e8m0) every quantized value q * 2^e is a small
 # integer (int4) or half-integer (e2m1) times a power of two: below one power-of-two scale per
 # tensor it is exactly an FP8 number, unless its block lies more than the FP8 window below the
-# tensor's largest block. So Hopper's FP8 tensor cores can run the 4-bit GEMMs on operands
-# bit-identical to fake_quant's (docs/formats.md, FP8 GEMMs).
+# tensor's largest block (after an RHT, a bound on it from max |x| before the transform). So
+# Hopper's FP8 tensor cores can run the 4-bit GEMMs on operands bit-identical to fake_quant's
+# (docs/formats.md, FP8 GEMMs).
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # log2 of the room between the largest block scale and the FP8 maximum: 7 * 2^6 = 448 (e4m3),
@@ -312,14 +313,22 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8_ROOM = {E4M3: 6, E5M2: 13}
 FP8_MIN_EXP = -126  # the tensor scale stays a normal fp32 number
 
-def fp8_scale(scales, fp8):
-    """The tensor's power-of-two scale 2^E from its block scales: E = log2(largest block scale) -
-    FP8_ROOM[fp8], at least FP8_MIN_EXP; 1 for an all-zero tensor, NaN if a block is NaN."""
-    top = scales.max() if scales.numel() else scales.new_zeros(())
-    exp = torch.frexp(top.float())[1] - 1 - FP8_ROOM[fp8]
-    scale = torch.ldexp(torch.ones_like(top, dtype=torch.float32), exp.clamp(min=FP8_MIN_EXP))
+def fp8_bound(rht):
+    """log2 of the bound on how much a size-rht RHT can grow an element: each output is a signed sum of
+    rht inputs over sqrt(rht), at most sqrt(rht) max |x|, rounded up to a power of two."""
+    return math.ceil(math.log2(rht) / 2) if rht else 0
+
+def fp8_scale(amax, fmt, fp8, rht=None):
+    """The tensor's power-of-two scale 2^E from amax = max |x| before any RHT: E = log2 of the block
+    scale a block holding amax gets, plus fp8_bound(rht), minus FP8_ROOM[fp8]; at least
+    FP8_MIN_EXP; 1 for an all-zero tensor, NaN if amax is NaN or Inf. No block scale after the RHT
+    exceeds the bound, so one plain read of x sets the scale (docs/formats.md, FP8 GEMMs)."""
+    amax = amax.float()
+    top = block_scales(amax, GRIDS[get_format(fmt).grid], "e8m0")
+    exp = torch.frexp(top)[1] - 1 + fp8_bound(rht) - FP8_ROOM[fp8]
+    scale = torch.ldexp(torch.ones_like(top), exp.clamp(min=FP8_MIN_EXP))
     scale = torch.where(top > 0, scale, 1.0)
-    return torch.where(top.isnan(), float("nan"), scale)
+    return torch.where(amax.isfinite(), scale, float("nan"))
 
 def check_fp8(fmt, fp8):
     fmt = get_format(fmt)
@@ -345,7 +354,8 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
     """x quantized as quantize() quantizes it, as (values, scale): FP8 values of x's shape with
     `dim` contiguous in memory (the layout torch._scaled_mm wants of a GEMM operand reduced along
     it), and the fp32 tensor scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
-    bit for bit except in blocks more than the FP8 window below the largest (fp8_inexact_blocks)."""
+    bit for bit except in blocks more than the FP8 window below the scale's bound
+    (fp8_inexact_blocks)."""
     fmt = check_fp8(fmt, fp8)
     dim = dim % x.dim()
     check_blockable(x, fmt, dim, rht)
@@ -353,7 +363,7 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
     if kernels:
         return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8)
     q = quantize(x, fmt, dim, rounding, rht, seed)
-    scale = fp8_scale(q.scales, fp8)
+    scale = fp8_scale(x.abs().amax() if x.numel() else x.new_zeros(()), fmt, fp8, rht)
     values = (dequantize(q, torch.float32).movedim(dim, -1) / scale).to(fp8)
     return values.movedim(-1, dim), scale
 

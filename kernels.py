@@ -788,9 +788,10 @@ def _s_enc(amax_ptr, senc_ptr, QMAX: tl.constexpr, FIRST):
 
 @triton.jit
 def _fp8_inv(amax_ptr, scale_ptr, EMAX: tl.constexpr, ROOM: tl.constexpr, FIRST):
-    """fp4.fp8_scale from the tensor amax (int32 bits, as _amax_kernel leaves them): the largest
-    block scale is 2^max(floor(log2 amax) - EMAX, -127), so the tensor scale is 2^E with
-    E = max(that exponent - ROOM, -126). The first program stores 2^E; returns 2^-E."""
+    """fp4.fp8_scale from the plain tensor amax (int32 bits, as _amax_kernel leaves them): the
+    block scale of amax is 2^max(floor(log2 amax) - EMAX, -127), so the tensor scale is 2^E with
+    E = max(that exponent - ROOM, -126), ROOM being FP8_ROOM less the RHT's bound. The first program
+    stores 2^E; returns 2^-E."""
     bits = tl.load(amax_ptr)
     amax = bits.to(tl.float32, bitcast=True)
     e = tl.maximum(tl.maximum(((bits >> 23) & 0xFF) - 127 - EMAX, -127) - ROOM, -126)
@@ -837,7 +838,8 @@ def _quant_kernel(x_ptr, M, N,
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
     read of the tile comes from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a
     pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh.
-    FP8 (a side's FP8_ROOM, 0: off): the fake values divided by the tensor's power-of-two scale
+    FP8 (a side's FP8_ROOM less fp4.fp8_bound of its RHT, at least 2; 0: off): the fake values
+    divided by the tensor's power-of-two scale
     (_fp8_inv, stored in the side's senc) in the output's FP8 dtype; the column side then writes
     them transposed ([A, N, M]: the blocked dim contiguous, as the FP8 GEMM wants).
     With an e4m3-scaled or FP8 side the tiles go in reverse launch order: the tensor-amax
@@ -1082,7 +1084,7 @@ def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
             fmt, rounding, rht, seed_ptr, packed, fp8 = sig
             meta.update(_side_meta(fmt, rounding, rht, p))
             meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed,
-                         p + "FP8": fp4.FP8_ROOM[fp8] if fp8 else 0})
+                         p + "FP8": fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) if fp8 else 0})
         meta[flag] = sig is not None
     meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
                 enable_fp_fusion=False)
@@ -1122,9 +1124,10 @@ def _run(x3, row, col, out_dtype, cfg=None):
     if fake_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         fake_dtype = torch.float32
     dummy = torch.empty(1, device=dev, dtype=torch.float32)
-    # the tensor amax of NVFP4 and FP8 sides: one pass over x for both (their own RHT), shared
-    # when equal
-    nv = [s for s in (row, col) if s is not None and (s.fmt.scale == "e4m3" or s.fp8)]
+    # the tensor amax: of NVFP4 sides after their RHT (one pass over x for both, shared when
+    # equal); of FP8 sides before any RHT (fp4.fp8_scale bounds what it adds), one plain pass
+    nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
+    fp8 = [s for s in (row, col) if s is not None and s.fp8]
     amaxes = {}
     if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
         amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
@@ -1133,6 +1136,9 @@ def _run(x3, row, col, out_dtype, cfg=None):
         first = nv[0]
         amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
         amaxes = {s: amax for s in nv}
+    if fp8:
+        amax = _tensor_amax(x3, fp8[0].fmt, None, False)
+        amaxes.update({s: amax for s in fp8})
     args = []
     for side, col_side in ((row, False), (col, True)):
         if side is None:

@@ -1,6 +1,7 @@
 """Tests for fp4.py, the reference. Independent oracles: ml_dtypes casts and the spec's formulas
 written out in numpy."""
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -858,10 +859,31 @@ def test_to_fp8_counts_the_blocks_below_its_window():
 
 
 def test_fp8_scale_edges():
-    assert fp4.fp8_scale(torch.zeros(3), fp4.E4M3).item() == 1.0
-    assert fp4.fp8_scale(torch.tensor([0.5, float("nan")]), fp4.E4M3).isnan()
-    assert fp4.fp8_scale(torch.tensor([2.0 ** 10, 1.0]), fp4.E4M3).item() == 2.0 ** 4
-    assert fp4.fp8_scale(torch.tensor([2.0 ** -127]), fp4.E5M2).item() == 2.0 ** -126  # kept normal
+    scale = lambda amax, fp8=fp4.E4M3, rht=None: fp4.fp8_scale(torch.tensor(amax), "mxint4", fp8, rht).item()  # noqa: E731
+    assert scale(0.0) == 1.0
+    assert math.isnan(scale(float("nan"))) and math.isnan(scale(float("inf")))
+    assert scale(2.0 ** 12) == 2.0 ** 4      # block scale 2^10 (int4: 7 x 2^10 > 2^12), room 6
+    assert scale(2.0 ** 12, rht=16) == 2.0 ** 6      # RHT16 grows an element at most 4x: +2
+    assert scale(2.0 ** 12, rht=128) == 2.0 ** 8     # sqrt(128) = 11.3, rounded up to 16: +4
+    assert scale(2.0 ** -127, fp4.E5M2) == 2.0 ** -126  # kept normal
+    assert scale(3e38, fp4.E4M3, 128) == 2.0 ** 123    # the bound past fp32's range: still finite
+
+
+@pytest.mark.parametrize("rht", [16, 32, 128])
+@pytest.mark.parametrize("fp8", [fp4.E4M3, fp4.E5M2])
+def test_to_fp8_scale_bounds_the_rht(rht, fp8):
+    """The scale comes from max |x| before the RHT. x made of the RHT matrix's columns makes the
+    RHT give sqrt(rht) max |x| in one element of each chunk (the bound's worst case): no FP8 value
+    overflows, every block is exact; so for Gaussian data."""
+    worst = fp4.rht_matrix(rht).t()[:4].repeat_interleave(2, 0) * 7.0 * torch.exp2(torch.arange(8.0))[:, None]
+    grow = fp4.rht_transform(worst, rht).abs().amax() / worst.abs().amax()
+    assert grow >= 0.999 * math.sqrt(rht), "the worst case: one output sqrt(rht) times max |x|"
+    for x in (worst.repeat(1, 256 // rht), torch.randn(8, 256) * 3):
+        for dim in (-1, 0):
+            xd = x if dim == -1 else x.t().contiguous()
+            v, s = fp4.to_fp8(xd, "mxint4", dim=dim, rht=rht, fp8=fp8)
+            fake = fp4.fake_quant(xd, "mxint4", dim=dim, rht=rht, dtype=torch.float32)
+            assert v.float().isfinite().all() and torch.equal(v.float() * s, fake)
 
 
 def test_to_fp8_rejects_formats_without_power_of_two_scales():

@@ -355,7 +355,7 @@ def main():
                         got = kernels._tensor_amax(x.view(1, *shape), fp4.get_format(name), rht, col)
                         got = got.view(torch.float32).item()
                         assert got == want, f"{shape} {name} rht={rht} col={col}: amax {got} vs {want}"
-    check("tensor amax for NVFP4 and FP8 scales == max |x| (3 times each)", tensor_amax)
+    check("tensor amax (NVFP4: after the RHT; FP8: plain) == max |x| (3 times each)", tensor_amax)
 
     def fp8_operands():
         x = randn(*tall, seed=20)
