@@ -744,10 +744,11 @@ def _gemm(a, b, offs, dtype, fp32=False):
         return _fp8_mm(a, b, torch.float32 if fp32 else dtype)
     return _mm(a, b, offs, fp32)
 
-def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False):
+def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x), quantized
     along the padded tokens now, while x is at hand, so x need not be kept: a QTensor, or on FP8
-    GEMMs (fp8: x and W in e4m3) its FP8 (values, scale)."""
+    GEMMs (fp8: x and W in e4m3) its FP8 (values, scale). wq: Q(W) as FP4Linear.cache_weight
+    made it, else W is quantized here."""
     op = _operands(recipe, seeds)
     e4 = E4M3 if fp8 else None
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
@@ -758,14 +759,14 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False):
         if packs:
             xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
                           _wgrad_dtype(x, dtype), tag, packed=not fp8, fp8=e4)
-    wq = _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
+    wq = wq if wq is not None else _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
     return _gemm(xq, _t(wq), _group_ends(counts), dtype), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
-              fp8=False):
+              fp8=False, wq=None):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as forward saved it (_forward). On FP8 GEMMs
-    (fp8) dy is e5m2 (gradients need its range), W and x e4m3."""
+    (fp8) dy is e5m2 (gradients need its range), W and x e4m3. wq: Dgrad's Q(W) if cached."""
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
     dy = dy.contiguous()
@@ -775,7 +776,7 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
     elif need_dx:
         dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
     if need_dx:
-        wq = _operand(weight, op.dgrad_w, recipe, -2, dtype, tag, fp8=e4)
+        wq = wq if wq is not None else _operand(weight, op.dgrad_w, recipe, -2, dtype, tag, fp8=e4)
         dx = _gemm(dyq, wq, _group_ends(counts), dtype).to(x_dtype)
     if need_dw:
         wdtype = _wgrad_dtype(dy, dtype)
@@ -823,14 +824,15 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 # tagged random: the compiler must neither merge two calls nor recompute one in backward
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
-               tag: str, pack_x: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+               tag: str, pack_x: bool, weight_q: list[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
     tensor scale (empty tensors where there is none); on the FP8 path its FP8 values [in, T] and
-    scale in the first two."""
+    scale in the first two. weight_q: [] or the weight's cached FP8 operands (_cached_pairs)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
-    y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device))
+    y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device),
+                    _cached_pairs(weight_q)[0])
     if isinstance(q, QTensor):
         saved = q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
     else:  # FP8 (values [T, in], scale): saved as [in, T] rows
@@ -838,7 +840,7 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
     return y, seed, *(saved or (none(torch.uint8), none(torch.float32), none(torch.float32)))
 
 @_linear_op.register_fake
-def _(x, weight, counts, recipe, dtype, tag, pack_x):
+def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
     r = _RECIPES_BY_KEY[recipe]
     empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
     y = empty(x.shape[0], weight.shape[-2], dt=dtype)
@@ -866,38 +868,41 @@ def _saved_x(x_saved, recipe, x_dtype, fp8):
 
 @torch.library.custom_op("nanofp4::linear_backward", mutates_args=())
 def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: _Tensor,
-                        x_saved: list[_Tensor], recipe: str, dtype: torch.dtype,
-                        x_dtype: torch.dtype, tag: str, need_dx: bool,
+                        x_saved: list[_Tensor], weight_q: list[_Tensor], recipe: str,
+                        dtype: torch.dtype, x_dtype: torch.dtype, tag: str, need_dx: bool,
                         need_dw: bool) -> tuple[_Tensor, _Tensor]:
     """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale], or
-    on the FP8 path [FP8 values [in, T], scale, empty]."""
+    on the FP8 path [FP8 values [in, T], scale, empty]. weight_q: as _linear_op's."""
     r = _RECIPES_BY_KEY[recipe]
     fp8 = _uses_fp8(r, counts, dy.device)
     dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype, fp8), r, dtype, x_dtype,
-                       tag, seed, need_dx, need_dw, fp8)
+                       tag, seed, need_dx, need_dw, fp8, _cached_pairs(weight_q)[1])
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))
 
 @_linear_backward_op.register_fake
-def _(dy, weight, counts, seed, x_saved, recipe, dtype, x_dtype, tag, need_dx, need_dw):
+def _(dy, weight, counts, seed, x_saved, weight_q, recipe, dtype, x_dtype, tag, need_dx, need_dw):
     return (dy.new_empty((dy.shape[0], weight.shape[-1]) if need_dx else (0,), dtype=x_dtype),
             weight.new_empty(weight.shape if need_dw else (0,)))
 
 def _setup_context(ctx, inputs, output):
-    x, weight, counts, recipe, dtype, tag, pack_x = inputs
+    x, weight, counts, recipe, dtype, tag, pack_x, weight_q = inputs
     _, seed, codes, scales, s_enc = output
     packed = _packs_wgrad_x(_RECIPES_BY_KEY[recipe], pack_x)
-    ctx.save_for_backward(weight, counts, seed, *((codes, scales, s_enc) if packed else (x,)))
+    ctx.save_for_backward(weight, counts, seed, *weight_q, *((codes, scales, s_enc) if packed else (x,)))
+    ctx.n_weight_q = len(weight_q)
     ctx.mark_non_differentiable(seed, codes, scales, s_enc)
     ctx.set_materialize_grads(False)
     ctx.recipe, ctx.dtype, ctx.x_dtype, ctx.tag = recipe, dtype, x.dtype, tag
 
 def _linear_autograd(ctx, dy, *_):
-    weight, counts, seed, *x_saved = ctx.saved_tensors
+    weight, counts, seed, *rest = ctx.saved_tensors
+    weight_q, x_saved = rest[:ctx.n_weight_q], rest[ctx.n_weight_q:]
     need_dx, need_dw = ctx.needs_input_grad[:2]
-    dx, dw = _linear_backward_op(dy, weight, counts, seed, x_saved, ctx.recipe, ctx.dtype,
-                                 ctx.x_dtype, ctx.tag, need_dx, need_dw)
-    return dx if need_dx else None, dw if need_dw else None, None, None, None, None, None
+    dx, dw = _linear_backward_op(dy, weight, counts, seed, x_saved, weight_q, ctx.recipe,
+                                 ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw)
+    return (dx if need_dx else None, dw if need_dw else None, None, None, None, None, None,
+            [None] * ctx.n_weight_q)
 
 _linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
 
@@ -906,7 +911,15 @@ def _compute_dtype(x):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
 
-def _apply(x, weight, counts, key, tag, pack_x=True):
+def _cached_pairs(weight_q):
+    """[Fprop's values, scale, Dgrad's values, scale] -> (Fprop's Q(W), Dgrad's Q(W)) as FP8
+    (values, scale); (None, None) when there are none, or inside probe_alphas(), which records
+    the weight's operands as it quantizes them."""
+    if not weight_q or PROBE is not None:
+        return None, None
+    return (weight_q[0], weight_q[1]), (weight_q[2], weight_q[3])
+
+def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=()):
     dtype = _compute_dtype(x)  # GEMM math in fp32 on CPU, bf16 under autocast
     if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
         # as autocast's F.linear: x in the autocast dtype (a LayerNorm's fp32 output, cast where
@@ -914,7 +927,7 @@ def _apply(x, weight, counts, key, tag, pack_x=True):
         x = x.to(dtype)
     pack_x = pack_x and torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad
     with torch.autocast(x.device.type, enabled=False):
-        return _linear_op(x, weight, counts, key, dtype, tag, pack_x)[0]
+        return _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q))[0]
 
 def fp4_linear(x, weight, recipe, counts=None, tag=""):
     """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a
@@ -948,12 +961,52 @@ class FP4Linear(_Quantized, nn.Linear):
         # input another op saves anyway (attention's output, which SDPA keeps for its backward),
         # where a packed copy would add memory instead of saving it
         self.pack_x = pack_x
+        # the weight's FP8 operands for Fprop and Dgrad (values, scale each), kept between
+        # optimizer steps when cache_weight() fills them; None: quantized in every call
+        for name in self.CACHE:
+            self.register_buffer(name, None, persistent=False)
+        self._cached_for = None  # (recipe key, weight version) of the cached operands
+
+    CACHE = ("weight_fprop", "weight_fprop_scale", "weight_dgrad", "weight_dgrad_scale")
+
+    def cache_weight(self):
+        """Quantizes the weight for Fprop and Dgrad now, from one read, and keeps both FP8
+        operands (1 byte per weight element each) for every call until the next cache_weight():
+        call it after each change to the weight (cache_weights). Only layers on FP8 GEMMs whose
+        weight rounds to nearest (the same bits in every call) cache; returns whether this one does."""
+        r = self.recipe
+        if not (_uses_fp8(r, None, self.weight.device) and not r.fprop.sr_b and not r.dgrad.sr_b):
+            for name in self.CACHE:
+                setattr(self, name, None)
+            return False
+        op = _operands(r, torch.zeros(6, dtype=torch.int64))
+        with torch.no_grad():
+            (wf, sf), (wd, sd) = _operand_pair(self.weight.detach(), op.fprop_w, op.dgrad_w, r,
+                                               torch.float32, self.tag, fp8=E4M3)
+        for name, t in zip(self.CACHE, (wf, sf, wd, sd)):
+            old = getattr(self, name)
+            if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.stride() == t.stride():
+                old.copy_(t)  # in place: a CUDA graph that read the old one reads this one
+            else:
+                setattr(self, name, t)
+        self._cached_for = (self._recipe_key, self.weight._version)
+        return True
+
+    def _weight_q(self):
+        """The cached FP8 operands for _apply ([] when none); in eager mode, an error if the
+        weight changed after they were made."""
+        if self.weight_fprop is None:
+            return []
+        if not torch.compiler.is_compiling() and (self._recipe_key, self.weight._version) != self._cached_for:
+            raise RuntimeError(f"{self.tag or 'FP4Linear'}: the weight or recipe changed after "
+                               f"cache_weight(); call fp4.cache_weights(model) after every change")
+        return [getattr(self, name) for name in self.CACHE]
 
     def forward(self, x):
         if not self.recipe.quantized:
             return F.linear(x, self.weight, self.bias)
         y = _apply(x.reshape(-1, x.shape[-1]), self.weight, None, self._recipe_key, self.tag,
-                   self.pack_x)
+                   self.pack_x, self._weight_q())
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
@@ -982,6 +1035,14 @@ class GroupedLinear(_Quantized, nn.Module):
     def extra_repr(self):
         g, o, i = self.weight.shape
         return f"groups={g}, in_features={i}, out_features={o}, recipe={self.recipe.name}"
+
+def cache_weights(model):
+    """Quantizes each FP4Linear's weight once for the calls until it changes, where the layer
+    can keep it (FP4Linear.cache_weight: FP8 GEMMs, round-to-nearest weights): micro-steps of
+    one optimizer step then skip the weight's quantize passes. Call it after every change to
+    the weights (train.py: at the start and after each optimizer step); an eager call after a
+    change without it is an error. Returns the number of layers that cache."""
+    return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 
 # Linears (names within a block) whose input another op saves for backward anyway: model.py's
 # attention output, which SDPA keeps. They save x for Wgrad instead of a packed copy.

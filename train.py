@@ -904,6 +904,7 @@ def train_step(run, lr):
         run.raw_model, c.grad_clip if c.grad_clip > 0 else float("inf")).item()
     if math.isfinite(loss) and math.isfinite(grad_norm):
         run.optimizer.step()
+        cache_weights(run)
         if hasattr(run.raw_model, "update_router_bias"):
             run.raw_model.update_router_bias(
                 all_reduce=torch.distributed.all_reduce if run.ddp else None)
@@ -917,6 +918,13 @@ def train_step(run, lr):
         run.log(f"iter {run.iter_num} alpha | " + " ".join(
             f"{k} {'-' if v is None else f'{v:.4f}'}" for k, v in tel["alpha"].items()))
     return loss, grad_norm
+
+
+def cache_weights(run):
+    """Quantize the weights once per optimizer step where the layers can keep them (FP8 GEMMs:
+    fp4.cache_weights); not under fsdp, whose layers hold shards."""
+    if not run.c.fsdp:
+        fp4.cache_weights(run.raw_model)
 
 
 def skip_nonfinite_step(run, loss, grad_norm):
@@ -1088,6 +1096,7 @@ def main(argv=None):
             resume(run)
         run.start_iter = run.iter_num
         compile_model(run)
+        cache_weights(run)
         run.flops_per_token = run.raw_model.estimate_flops_per_token()
         run.peak_tflops = peak_tflops(run.c)
         run.log(f"model: {run.raw_model.num_params() / 1e6:.2f}M params "

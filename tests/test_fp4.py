@@ -926,6 +926,42 @@ def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):
     assert fp4.saved_bytes(lin, torch.randn(64, 96)) == 64 * 96 + 4 + 6 * 8  # FP8 x, scale, seeds
 
 
+def test_cache_weights_equals_quantizing_per_call():
+    """fp4.cache_weights keeps W's two FP8 operands: y, dx, dW equal quantizing W in every call
+    (bit for bit, over two calls); the GEMMs read the cache; an eager call after the weight or
+    the recipe changed without a new cache_weights is an error; probing quantizes afresh."""
+    outs = []
+    for cache in (False, True):
+        torch.manual_seed(1)
+        lin = fp4.FP4Linear(96, 128, bias=False, recipe=fp4.make_recipe("mxint4", fp8_gemm=True))
+        assert fp4.cache_weights(lin) == 1 if cache else lin.weight_fprop is None
+        for call in range(2):
+            x = torch.randn(64, 96, requires_grad=True)
+            y = lin(x)
+            y.backward(torch.randn_like(y))
+            outs.append((y.detach(), x.grad, lin.weight.grad.clone()))
+    for a, b in zip(outs[:2], outs[2:]):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert lin.weight_fprop.dtype == fp4.E4M3 and lin.weight_dgrad.stride(0) == 1  # as to_fp8 lays them
+    with fp4.probe_alphas() as p:
+        lin(x).sum().backward()
+    assert {"fprop_w", "dgrad_w"} <= set(fp4.probe_summary(p))
+    lin.weight_fprop.zero_()
+    assert not lin(x).any(), "Fprop reads the cached operand"
+    with torch.no_grad():
+        lin.weight.mul_(2)
+    with pytest.raises(RuntimeError, match="cache_weights"):
+        lin(x)
+    fp4.cache_weights(lin)
+    assert lin(x).any()
+    lin.recipe = fp4.make_recipe("mxint4", fp8_gemm=True, rht="none")
+    with pytest.raises(RuntimeError, match="recipe changed"):
+        lin(x)
+    lin.recipe = "ufp4"
+    assert fp4.cache_weights(lin) == 0 and lin.weight_fprop is None and lin(x).shape == (64, 128)
+    assert "weight_fprop" not in lin.state_dict()
+
+
 def test_fp8_telemetry_reports_the_window():
     x, w = torch.randn(64, 96, requires_grad=True), torch.randn(128, 96, requires_grad=True)
     for name, expect in ((fp4.make_recipe("mxfp4", fp8_gemm=True), 0.0), ("ufp4", None)):

@@ -209,6 +209,21 @@ def test_recipe_ablation_and_telemetry(ds, tmp_path):
     assert [r["loss"] for r in read_log(str(tmp_path / "a"))] == \
         [r["loss"] for r in read_log(str(tmp_path / "b"))]
 
+def test_fp8_weight_cache_changes_no_number(ds, tmp_path, monkeypatch):
+    """On FP8 GEMMs train.py quantizes each weight once per optimizer step (fp4.cache_weights):
+    the same losses, grad norms and val losses as quantizing it in every micro-step."""
+    kw = dict(recipe="mxfp4", recipe_fp8_gemm=True, max_iters=4, eval_interval=2,
+              gradient_accumulation_steps=2)
+    counts, real = [], train.fp4.cache_weights
+    monkeypatch.setattr(train.fp4, "cache_weights", lambda model: counts.append(real(model)) or counts[-1])
+    run(ds, tmp_path / "cached", **kw)
+    assert counts == [8] * 5, "8 linears, at the start and after each of 4 steps"
+    monkeypatch.setattr(train.fp4, "cache_weights", lambda model: 0)
+    run(ds, tmp_path / "per_call", **kw)
+    for kind, keys in (("train", ("loss", "grad_norm")), ("eval", ("val_loss",))):
+        a, b = read_log(str(tmp_path / "cached"), kind), read_log(str(tmp_path / "per_call"), kind)
+        assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+
 def test_dataset_prepared_from_input_file(tmp_path):
     text = tmp_path / "input.txt"
     text.write_text("To be, or not to be, that is the question.\n" * 200)

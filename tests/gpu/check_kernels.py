@@ -409,6 +409,29 @@ def main():
         check(f"FP4Linear {rn} on FP8 GEMMs == on bf16 GEMMs (to bf16 rounding), no SR",
               lambda: fp8_layer(rn))
 
+    def fp8_cached_weight(recipe_name):
+        """fp4.cache_weights (both of W's FP8 operands from one read of the fp32 weight, kept)
+        == W quantized in each call: y, dx, dW bit for bit, SR on dy, two calls."""
+        T, IN, OUT = (4096, 2048, 6144) if args.quick else (8192, 2048, 8192)
+        outs = []
+        for cache in (False, True):
+            torch.manual_seed(0)
+            lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=fp4.make_recipe(recipe_name, fp8_gemm=True),
+                                device=DEV)
+            assert fp4.cache_weights(lin) == cache or not cache
+            for call in range(2):
+                xi = (randn(T, IN, seed=10 + call, dtype=torch.float32) * 0.01).requires_grad_(True)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    y = lin(xi)
+                y.backward(randn(T, OUT, seed=12 + call).to(y.dtype))
+                outs.append((y.detach(), xi.grad, lin.weight.grad.clone()))
+        for i, (a, b) in enumerate(zip(outs[:2], outs[2:])):
+            for nm, u, v in zip(("y", "dx", "dW"), a, b):
+                same(u, v, f"{recipe_name} call {i} {nm}")
+    for rn in ("mxfp4", "mxint4"):
+        check(f"FP4Linear {rn} on FP8 GEMMs: cached weight == quantized per call (bit for bit)",
+              lambda: fp8_cached_weight(rn))
+
     n_fail = sum(r[1] != "ok" for r in RESULTS)
     print(f"\n[part {args.part}] {len(RESULTS) - n_fail}/{len(RESULTS)} checks passed in {time.time() - t0:.0f}s")
     for name, st, dt, msg in RESULTS:
