@@ -32,7 +32,7 @@ def bench_one(config, spec, warmup, iters, out_dir, extra):
     recipe, *own = spec.split("+")   # e.g. ufp4+recipe_format=mxint4: train.py keys for this one
     args = [config, f"--recipe={recipe}", f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
             "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--warmup_iters=1",
-            "--always_save_checkpoint=False", "--final_sample_tokens=0",
+            "--checkpoint=False", "--final_sample_tokens=0",
             "--overwrite=True"] + list(extra) + [f"--{kv}" for kv in own]  # (replaces the last run; own ones win)
     if torch.cuda.is_available():
         # the previous recipe's compiled graphs hold their CUDA-graph memory pool until reset:

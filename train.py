@@ -76,6 +76,7 @@ eval_iters = 50              # batches per split per eval
 eval_only = False            # evaluate once (the checkpoint with init_from=resume), print, write nothing
 log_interval = 10            # log the training loss every this many iterations
 always_save_checkpoint = True  # else only when val loss improves
+checkpoint = True              # False: write no checkpoint at all (benchmarks)
 overwrite = False            # a scratch run may replace the run already in out_dir (its checkpoints, log)
 dry_run = False              # build and check everything, run one step, write nothing
 # wandb (never online unless asked for: by this key or the WANDB_MODE environment variable)
@@ -861,7 +862,7 @@ def evaluate(run):
     if improved:
         run.best_val_loss = losses["val"]
     if (improved or run.c.always_save_checkpoint) and run.iter_num > run.start_iter \
-            and not run.c.dry_run:
+            and not run.c.dry_run and run.c.checkpoint:
         save(run, losses["val"], best=improved)
     return losses
 

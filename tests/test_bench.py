@@ -22,6 +22,6 @@ def test_bench_twice_into_one_out(tmp_path):
         assert all(r["tok_per_s"] > 0 for r in rows)
     saved = json.load(open(tmp_path / "bench" / "bench.json"))
     assert [r["recipe"] for r in saved["rows"]] == ["bf16", "ufp4"]
-    assert os.path.exists(tmp_path / "bench" / "ufp4" / "ckpt.pt")
+    assert not os.path.exists(tmp_path / "bench" / "ufp4" / "ckpt.pt"), "benchmarks write no checkpoint"
     log = [json.loads(line) for line in open(tmp_path / "bench" / "ufp4" / "log.jsonl")]
     assert [r["iter"] for r in log if r["type"] == "train"] == [0, 1, 2]   # the second run's alone
