@@ -434,7 +434,7 @@ class Recipe:
     bf16_last: int = 0             # ... and the last N
     bf16_last_fraction: float = 0.0  # ... or the last fraction of them (NVIDIA keeps ~15 %)
     fp8_gemm: bool = False         # power-of-two-scaled formats: GEMMs on FP8 operands (_uses_fp8);
-                                   # opt-in until the wide model is measured on them (docs/formats.md)
+                                   # opt-in: exact but for counted blocks below the window (docs/formats.md)
 
     @property
     def quantized(self):
