@@ -1040,8 +1040,9 @@ def cache_weights(model):
     """Quantizes each FP4Linear's weight once for the calls until it changes, where the layer
     can keep it (FP4Linear.cache_weight: FP8 GEMMs, round-to-nearest weights): micro-steps of
     one optimizer step then skip the weight's quantize passes. Call it after every change to
-    the weights (train.py: at the start and after each optimizer step); an eager call after a
-    change without it is an error. Returns the number of layers that cache."""
+    the weights (train.py: at the start and after each optimizer step). An eager call after a
+    change without it is an error; compiled code cannot check, and would use the stale copy.
+    Returns the number of layers that cache."""
     return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 
 # Linears (names within a block) whose input another op saves for backward anyway: model.py's

@@ -235,6 +235,38 @@ def cuda_graphs():
     torch._dynamo.reset()
 
 
+def cached_weights():
+    """fp4.cache_weights as train.py uses it, under torch.compile (CUDA graphs on the GPU):
+    refreshed after each AdamW step, the model gives the same losses as quantizing its weights
+    in every call, step after step (a replay that read a stale copy would not)."""
+    x, y = batch()
+    runs = []
+    for cache in (True, False):
+        torch._dynamo.reset()
+        m = gpt(fp4.make_recipe("mxfp4", fp8_gemm=True))
+        n = fp4.cache_weights(m) if cache else 0
+        comp = train.torch_compile(m, mode="default" if CPU else "reduce-overhead")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        losses = []
+        for step in range(4):
+            if not CPU:
+                torch.compiler.cudagraph_mark_step_begin()
+            loss = loss_of(comp, x, y, 300 + step)
+            losses.append(loss.item())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if cache:
+                fp4.cache_weights(m)
+        runs.append((n, losses))
+        del m, comp, opt
+    (n, cached), (_, fresh) = runs
+    report(n > 0 and cached == fresh, "weights cached per optimizer step (mxfp4 on FP8 GEMMs, "
+           "compiled): the same losses as quantizing them in every call, over 4 AdamW steps",
+           f"{n} layers; losses {' '.join(f'{v:.6f}' for v in cached)} vs {' '.join(f'{v:.6f}' for v in fresh)}")
+    torch._dynamo.reset()
+
+
 def wide_repeats():
     width, layers = (256, 1) if CPU else (2048, 4)  # 2048: rows longer than inductor's 1024
     x, y = batch()
@@ -311,6 +343,7 @@ def main():
     check("triton vs torch backend", triton_vs_torch)
     if not CPU:
         check("CUDA graphs", cuda_graphs)
+    check("cached weights", cached_weights)
     check("wide model repeats", wide_repeats)
     check("speed table", speed_table)
     print(f"\n{'ALL PASS' if not FAILS else 'FAILED: ' + str(len(FAILS))} in {time.time() - t0:.0f}s")
