@@ -839,9 +839,9 @@ def _quant_kernel(x_ptr, M, N,
     read of the tile comes from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a
     pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh.
     FP8 (a side's FP8_ROOM less fp4.fp8_bound of its RHT, at least 2; 0: off): the fake values
-    divided by the tensor's power-of-two scale
-    (_fp8_inv, stored in the side's senc) in the output's FP8 dtype; the column side then writes
-    them transposed ([A, N, M]: the blocked dim contiguous, as the FP8 GEMM wants).
+    divided by the tensor's power-of-two scale (_fp8_inv, stored in the side's senc) in the
+    output's FP8 dtype; the column side then writes them transposed ([A, N, M]: the blocked dim
+    contiguous, as the FP8 GEMM wants).
     With an e4m3-scaled or FP8 side the tiles go in reverse launch order: the tensor-amax
     pass has just read x in launch order (in its own tiles), so the first tiles here are roughly
     those it read last, still in L2."""
