@@ -15,12 +15,13 @@ Every compile goes through train.torch_compile, as train.py's does.
 4. CUDA graphs (compile mode 'reduce-overhead'): no cudagraph skip, the same loss as eager, and
    every replay draws fresh SR seeds (dW of two replays on the same batch differ, both close to
    eager's)
-5. the compiled 2048-wide GPT (mxfp4; LayerNorm with bf16 and with FP8 GEMMs, RMSNorm) repeats
+5. weights cached per optimizer step (fp4.cache_weights, mxfp4 on FP8 GEMMs, CUDA graphs): the
+   same losses over 4 AdamW steps as quantizing the weights in every call
+6. the compiled 2048-wide GPT (mxfp4; LayerNorm with bf16 and with FP8 GEMMs, RMSNorm) repeats
    its loss and its FP4 layers' dW (math attention) on the same batch and weights, with finite
-   gradients: a looped LayerNorm read
-   back its own output before all of it was written (train.torch_compile keeps such rows in
-   registers; docs/performance.md)
-6. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled / CUDA graphs
+   gradients: a looped LayerNorm read back its own output before all of it was written
+   (train.torch_compile keeps such rows in registers; docs/performance.md)
+7. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled / CUDA graphs
 
 Prints PASS / FAIL lines and ends with 'ALL PASS' (exit 0) or 'FAILED: n' (exit 1);
 'skip' and exit 0 without CUDA. `--cpu` runs the same code at toy sizes on the CPU (a smoke test
