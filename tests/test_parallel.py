@@ -63,6 +63,11 @@ def worker(folder):
     for tie in (False, True):   # one launch for both: a process start costs seconds
         run_rank(folder, tie, rank, dist)
     dist.destroy_process_group()
+    # as train.py does under torchrun: a gloo worker thread can outlive the group and abort the
+    # rank during interpreter shutdown ("terminate called without an active exception") after
+    # everything was written, so leave without finalizing
+    sys.stdout.flush()
+    os._exit(0)
 
 def run_rank(folder, tie, rank, dist):
     save = (lambda obj, name: torch.save(obj, os.path.join(folder, f"{tie}_{name}"))) \
@@ -120,7 +125,8 @@ def launch(argv, timeout):
         text = "\n".join(outs)
         if all(p.returncode == 0 for p in procs) or "address already in use" not in text.lower() or attempt:
             break
-    assert all(p.returncode == 0 for p in procs), text[-4000:]
+    assert all(p.returncode == 0 for p in procs), \
+        f"exit codes {[p.returncode for p in procs]}:\n" + text[-4000:]
     return outs
 
 def run_workers(folder):
