@@ -1,8 +1,9 @@
 """GPU-only check of kernels.py at real sizes: every kernel against fp4.py's torch reference run
 on the same GPU, bit for bit (RTNE); SR statistics; fp4_matmul vs fake quant + mm; FP4Linear
-with backend triton vs backend torch (y, dx, dW).
+with backend triton vs backend torch (y, dx, dW); the FP8 operands bit for bit, the FP8 GEMM
+against the exact product, the layer on FP8 GEMMs and with its weight cached.
 
-    python tests/gpu/check_kernels.py [--quick]
+    python tests/gpu/check_kernels.py [--quick] [--only=fp8] [--part=k/n]
 
 Exits 0 when all pass, 1 on any failure; prints 'skip' and exits 0 without CUDA."""
 import argparse
@@ -12,6 +13,7 @@ import os
 import sys
 import time
 import traceback
+import typing
 
 import torch
 
@@ -124,6 +126,345 @@ def ieee_reference_scales():
           "(IEEE, = the CPU reference). Suggested fix in fp4.py: amax / torch.full_like(amax, qmax).")
 
 
+class Sizes(typing.NamedTuple):
+    """The shapes of the checks: real training sizes, or smaller ones (--quick)."""
+    big: tuple        # a square operand
+    tall: tuple       # tokens x features
+    gemm: tuple       # M, N, K of the packed GEMM
+    wide_rows: int    # rows of the 3072-wide row-tile check
+    linear: tuple     # T, in, out of the layer checks
+    fc2_tokens: int   # tokens of the fc2-shaped FP8 GEMM
+    cached: tuple     # T, in, out of the cached-weight check
+
+
+FULL = Sizes((8192, 8192), (16384, 4096), (8192, 8192, 8192), 16384, (16384, 4096, 4096), 16384,
+             (8192, 2048, 8192))
+QUICK = Sizes((4096, 4096), (4096, 2048), (4096, 4096, 4096), 4096, (4096, 2048, 2048), 4096,
+              (4096, 2048, 6144))
+
+
+def vs_cpu():  # the kernels against the reference computed on the CPU
+    x = randn(2048, 4096, seed=13, specials=True)
+    for name, dim, rht in (("ufp4", 1, 16), ("nvfp4", 1, None), ("e2m1", 0, 16), ("nvint4", 0, None)):
+        fmt = fmt_of(name)
+        q = kernels.quantize(x, fmt, dim=dim, rht=rht)
+        r = fp4.quantize(x.cpu(), fmt, dim=dim, rht=rht)
+        same(q.codes.cpu(), r.codes, f"{name} vs CPU codes")
+        same(q.scales.cpu(), r.scales, f"{name} vs CPU scales")
+        same(kernels.fake_quant(x, fmt, dim=dim, rht=rht).cpu(),
+             fp4.fake_quant(x.cpu(), fmt, dim=dim, rht=rht).contiguous(), f"{name} vs CPU fake_quant")
+
+
+def nonfinite():
+    y = randn(2048, 1024, seed=3)
+    y[5, 7] = float("nan")
+    y[9, 100] = float("inf")
+    y[700, 3] = -float("inf")
+    for name in ("ufp4", "nvfp4", "mxfp4"):
+        check_quant(y, fmt_of(name), 1, None)
+        check_quant(y, fmt_of(name), 0, 16)
+
+
+def large_rht():
+    y = randn(4096, 4096, seed=4)
+    for n in (32, 64, 128):
+        check_quant(y, fmt_of("ufp4"), 1, n, packed=False)
+        check_quant(y, fmt_of("nvfp4"), 0, n, packed=False)
+
+
+def weights_2d():
+    w = randn(4096, 4096, seed=5, dtype=torch.float32)
+    f2 = fmt_of("nvfp4", True)
+    for dim in (1, 0):
+        check_quant(w, f2, dim, None, dtype=torch.bfloat16)
+    row, col = kernels.quantize_both(w, f2, dtype=torch.bfloat16)
+    same(row, col, "2D tiles: Q(W) row-wise == column-wise")
+
+
+def experts_2d():
+    w = randn(8, 1024, 2048, seed=14, dtype=torch.float32)
+    for dim in (2, 1):
+        check_quant(w, fmt_of("nvfp4", True), dim, None)
+
+
+def both_orientations(sz):
+    x = randn(*sz.tall, seed=6)
+    row, col = kernels.quantize_both(x, "nvfp4", rht_col=None, dtype=torch.bfloat16)
+    same(row, ref(fp4.fake_quant, x, "nvfp4", dim=1, dtype=torch.bfloat16), "both: row")
+    same(col, ref(fp4.fake_quant, x, "nvfp4", dim=0, dtype=torch.bfloat16).contiguous(), "both: col")
+    qr, qc = kernels.quantize_both(x, "ufp4", rht=16, rht_col=16, packed=True)
+    same_q(qr, ref(fp4.quantize, x, "ufp4", dim=1, rht=16), "both packed: row")
+    same_q(qc, ref(fp4.quantize, x, "ufp4", dim=0, rht=16), "both packed: col")
+
+
+def both_layer(sz):  # what FP4Linear asks for: x fake row + packed col, dy SR both ways
+    x = randn(*sz.tall, seed=15)
+    seeds = torch.arange(6, device=DEV) + 41
+    for name, rr, rc in (("ufp4", 16, 16), ("nvfp4", None, 16), ("e2m1", None, 16)):
+        row, col = kernels.quantize_both(x, name, rht=rr, rht_col=rc, packed=(False, True),
+                                         dtype=torch.bfloat16)
+        same(row, ref(fp4.fake_quant, x, name, dim=1, rht=rr, dtype=torch.bfloat16), f"{name} x row")
+        same_q(col, ref(fp4.quantize, x, name, dim=0, rht=rc), f"{name} x col packed")
+        row, col = kernels.quantize_both(x, name, rounding="sr", rht=rr, rht_col=rc, seed=seeds[2],
+                                         seed_col=seeds[4], dtype=torch.bfloat16)
+        same(row, kernels.fake_quant(x, name, 1, "sr", rr, 43, torch.bfloat16), f"{name} dy row SR")
+        same(col, kernels.fake_quant(x, name, 0, "sr", rc, 45, torch.bfloat16), f"{name} dy col SR")
+
+
+def sr_unbiased():
+    n = 4096
+    g = torch.Generator(device=DEV).manual_seed(7)
+    base = torch.randn(1, 1024, generator=g, device=DEV)
+    for name, dim, rht in (("ufp4", 1, 16), ("nvfp4", 0, 16), ("mxfp4", 1, None)):
+        fmt = fmt_of(name)
+        x = base.expand(n, 1024).contiguous()
+        if dim == 0:
+            x = x.t().contiguous()
+        y = kernels.fake_quant(x, fmt, dim=dim, rounding="sr", rht=rht, seed=11, dtype=torch.float32)
+        if dim == 0:
+            y = y.t()
+        r = fp4.rht_transform(base, rht) if rht else base
+        q = ref(fp4.quantize, r, fmt)
+        scale = q.scales.double().repeat_interleave(fmt.block, -1)[0]
+        if q.tensor_scale is not None:
+            scale = scale / q.tensor_scale.double()
+        lv = fp4.GRIDS[fmt.grid].levels
+        step = scale * max(b - a for a, b in zip(lv, lv[1:]))
+        qmax = fp4.GRIDS[fmt.grid].qmax
+        target = torch.maximum(torch.minimum(r[0].double(), qmax * scale), -qmax * scale)
+        err = (y.double().mean(0) - target).abs()
+        bound = 5 * step / 2 / math.sqrt(n) + 1e-7 * r.abs().max()
+        assert (err <= bound).all(), f"SR {name}: max err/bound {(err / bound).max().item():.2f}"
+        y2 = kernels.fake_quant(x, fmt, dim=dim, rounding="sr", rht=rht, seed=11, dtype=torch.float32)
+        same(y2.t() if dim == 0 else y2, y, f"SR {name}: same seed, same bits")
+
+
+def packed_gemm(sz):
+    M, N, K = sz.gemm
+    a = randn(M, K, seed=8)
+    w = randn(N, K, seed=9)
+    for name, rht in (("ufp4", 16), ("nvfp4", None), ("mxfp4", None), ("nvint4", 16)):
+        fa, fw = fmt_of(name), fmt_of(name, block_2d=name.startswith("nv"))
+        qa, qw = kernels.quantize(a, fa, rht=rht), kernels.quantize(w, fw, rht=rht)
+        out = kernels.fp4_matmul(qa, qw, dtype=torch.float32)
+        # the same bf16 operands (value x block scale), fp32 accumulation by cuBLAS
+        opa = ref(fp4.dequantize, dataclasses.replace(qa, tensor_scale=None), torch.bfloat16)
+        opw = ref(fp4.dequantize, dataclasses.replace(qw, tensor_scale=None), torch.bfloat16)
+        r = opa.float() @ opw.float().t()   # fp32 GEMM (TF32 off by default)
+        for q in (qa, qw):
+            if q.tensor_scale is not None:
+                r = r / q.tensor_scale
+        rel = ((out - r).norm() / r.norm()).item()
+        assert rel < 1e-5, f"{name}: fp4_matmul vs same-operand mm rel {rel:.2e}"
+        fq = torch.mm(kernels.fake_quant(a, fa, rht=rht), kernels.fake_quant(w, fw, rht=rht).t())
+        rel2 = ((out - fq.float()).norm() / fq.float().norm()).item()
+        assert rel2 < 1e-2, f"{name}: fp4_matmul vs fake quant + mm rel {rel2:.2e}"
+        print(f"      gemm {name}: rel vs same-operand mm {rel:.1e}, vs fake quant + mm {rel2:.1e}")
+
+
+def fp32_activations():  # what FP4Linear feeds: fp32 x (master copy) -> bf16 fake quant
+    x = randn(16384, 4096, seed=15, dtype=torch.float32) * 0.01
+    for name in ("nvfp4", "ufp4", "mxfp4"):
+        check_quant(x, fmt_of(name), 1, None)
+        check_quant(x, fmt_of(name), 0, 16, packed=False)
+
+
+def wide_rows(sz):  # the default row tiles at 3072 wide: 4 x 1024 (mode 2 for MXFP4's packed and SR)
+    x = randn(sz.wide_rows, 3072, seed=16)
+    for name in ("ufp4", "nvfp4", "mxfp4"):
+        check_quant(x, fmt_of(name), 1, 16)
+        sr = [kernels.fake_quant(x, name, 1, "sr", 16, 5, torch.bfloat16, _cfg=c) for c in (None, (32, 128, 4, 1))]
+        same(sr[0], sr[1], f"{name} SR row: default tile == plain loads (same random bits)")
+
+
+def diagnose_rowload():  # prints only: the row load modes on fp32 / bf16 inputs
+    for dt in (torch.float32, torch.bfloat16):
+        x = randn(16384, 4096, seed=15, dtype=dt) * 0.01
+        r = ref(fp4.quantize, x, "nvfp4")
+        for mode in (0, 1):
+            for fast in (True, False):
+                kernels._FAST.clear()
+                saved = kernels.INTERPRET
+                kernels.INTERPRET = not fast  # the plain Triton launch path
+                try:
+                    q = kernels.quantize(x, "nvfp4", _cfg=(8, 512, 4, mode))
+                finally:
+                    kernels.INTERPRET = saved
+                amax = kernels._tensor_amax(x.view(1, *x.shape), fp4.FORMATS["nvfp4"], None, False,
+                                             cfg=(8, 512, 4, mode, 1))
+                print(f"      diag {dt} mode {mode} fast {fast}: codes equal {torch.equal(q.codes, r.codes)}, "
+                      f"s_enc {q.tensor_scale.item():.6g} vs {r.tensor_scale.item():.6g}, amax "
+                      f"{amax.view(torch.float32).item():.6g} vs {x.abs().amax().item():.6g}, "
+                      f"zero scales {(q.scales == 0).float().mean().item():.3f}")
+
+
+def linear_backends(sz, recipe_name, sr):
+    T, IN, OUT = sz.linear
+    recipe = fp4.make_recipe(recipe_name, sr_dy=sr)
+    torch.manual_seed(0)
+    lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
+    x = randn(T, IN, seed=10, dtype=torch.float32) * 0.01
+    dy = randn(T, OUT, seed=12, dtype=torch.bfloat16)
+    outs = {}
+    for backend in ("torch", "triton"):
+        fp4.set_backend(backend)
+        xi = x.clone().requires_grad_(True)
+        lin.weight.grad = None
+        torch.manual_seed(1)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = lin(xi)
+        y.backward(dy.to(y.dtype))
+        outs[backend] = (y.detach(), xi.grad, lin.weight.grad.clone())
+    fp4.set_backend("auto")
+    for i, nm in enumerate(("y", "dx", "dW")):
+        a, b = outs["triton"][i], outs["torch"][i]
+        if sr and nm != "y":  # different random bits: same distribution
+            rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
+            assert rel < 0.2, f"{recipe_name} SR {nm}: rel diff {rel:.3f}"
+        else:
+            same(a, b, f"{recipe_name} {nm}")
+
+
+def fp8_same(x, name, what, **kw):
+    """kernels.to_fp8 of x == fp4.to_fp8 bit for bit (values, layout, scale): -> (values, scale)."""
+    v, s = kernels.to_fp8(x, name, **kw)
+    rv, rs = ref(fp4.to_fp8, x, name, **kw)
+    assert v.stride() == rv.stride(), f"{what}: strides {v.stride()} vs {rv.stride()}"
+    same(v.contiguous().view(torch.uint8), rv.contiguous().view(torch.uint8), what)
+    same(s, rs, what + " scale")
+    return v, s
+
+
+def tensor_amax():
+    """The amax pass behind NVFP4's and FP8's tensor scales: max |x| exactly, for row and
+    column loads, every time (row loads of whole 32-groups per thread once gave a wrong
+    maximum now and then: docs/kernels.md, the amax pass)."""
+    for shape in ((4096, 3072), (4096, 2048), (768, 3072), (4096, 1024), (8192, 2048)):
+        x = randn(*shape, seed=24)
+        for col, rht in ((False, None), (False, 16), (True, 16)):
+            want = (fp4.rht_transform(x.float(), rht, 0 if col else -1) if rht else x.float()).abs().max().item()
+            for name in ("mxint4", "nvfp4"):
+                for _ in range(3):
+                    got = kernels._tensor_amax(x.view(1, *shape), fp4.get_format(name), rht, col)
+                    got = got.view(torch.float32).item()
+                    assert got == want, f"{shape} {name} rht={rht} col={col}: amax {got} vs {want}"
+
+
+def fp8_operands(sz):
+    x = randn(*sz.tall, seed=20)
+    for name in ("mxfp4", "mxint4", "int4/16/e8m0"):
+        for f8 in (fp4.E4M3, fp4.E5M2):
+            for dim, rht in ((-1, None), (0, None), (-1, 16), (0, 32)):
+                fp8_same(x, name, f"{name} {f8} dim={dim} rht={rht}", dim=dim, rht=rht, fp8=f8)
+    for shape, dt in (((4096, 3072), torch.bfloat16), ((768, 3072), torch.bfloat16),
+                      ((8192, 8192), torch.bfloat16), ((6144, 2048), torch.float32),
+                      ((2048, 8192), torch.float32)):  # the fc2 check's and the wide model's
+        xs = randn(*shape, seed=24, dtype=dt)
+        for dim in (-1, 0):
+            fp8_same(xs, "mxfp4", f"{shape} {dt} dim={dim}", dim=dim)
+    (a, sa), (b, sb) = kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,
+                                             seed_col=3, fp8=(fp4.E5M2, fp4.E5M2))
+    fa = kernels.fake_quant(x, "mxint4", dim=1, rounding="sr", seed=3, dtype=torch.float32)
+    fb = kernels.fake_quant(x, "mxint4", dim=0, rht=16, rounding="sr", seed=3, dtype=torch.float32)
+    same(a.float() * sa, fa, "pair row (SR) vs fake_quant")
+    same(b.float() * sb, fb, "pair col (SR, RHT) vs fake_quant")
+
+
+def fp8_gemm_exact(sz):
+    T = sz.fc2_tokens
+    x, w = randn(T, 3072, seed=21), randn(768, 3072, seed=22)
+    (xv, xs), (wv, ws) = fp8_same(x, "mxint4", "fc2-shaped x"), fp8_same(w, "mxint4", "fc2-shaped W")
+    exact = (xv.float().double() * xs.double()) @ (wv.float().double() * ws.double()).t()
+    for fast in (False, True):
+        got = torch._scaled_mm(xv, wv.t(), xs, ws, out_dtype=torch.float32, use_fast_accum=fast)
+        rel = ((got.double() - exact).norm() / exact.norm()).item()
+        print(f"      fc2-shaped FP8 GEMM, fast accumulation {fast}: relative error {rel:.2e}")
+        assert rel < (1e-6 if not fast else 1e-4), f"fast={fast}: relative error {rel:.2e}"
+
+
+def fp8_layer(sz, recipe_name):
+    T, IN, OUT = sz.linear
+    outs = []
+    for on in (True, False):
+        recipe = fp4.make_recipe(recipe_name, sr_dy=False, fp8_gemm=on)
+        assert fp4._uses_fp8(recipe, None, torch.device(DEV)) == on
+        torch.manual_seed(0)
+        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
+        xi = (randn(T, IN, seed=10, dtype=torch.float32) * 0.01).requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = lin(xi)
+        y.backward(randn(T, OUT, seed=12).to(y.dtype))
+        outs.append((y.detach().float(), xi.grad.float(), lin.weight.grad.float()))
+    for nm, a, b in zip(("y", "dx", "dW"), *outs):
+        rel = ((a - b).norm() / b.norm()).item()
+        assert rel < 5e-3, f"{recipe_name} {nm}: FP8 vs bf16 GEMMs relative difference {rel:.2e}"
+
+
+def fp8_cached_weight(sz, recipe_name):
+    """fp4.cache_weights (both of W's FP8 operands from one read of the fp32 weight, kept)
+    == W quantized in each call: y, dx, dW bit for bit, SR on dy, two calls."""
+    T, IN, OUT = sz.cached
+    outs = []
+    for cache in (False, True):
+        torch.manual_seed(0)
+        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=fp4.make_recipe(recipe_name, fp8_gemm=True),
+                            device=DEV)
+        assert fp4.cache_weights(lin) == cache or not cache
+        for call in range(2):
+            xi = (randn(T, IN, seed=10 + call, dtype=torch.float32) * 0.01).requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = lin(xi)
+            y.backward(randn(T, OUT, seed=12 + call).to(y.dtype))
+            outs.append((y.detach(), xi.grad, lin.weight.grad.clone()))
+    for i, (a, b) in enumerate(zip(outs[:2], outs[2:])):
+        for nm, u, v in zip(("y", "dx", "dW"), a, b):
+            same(u, v, f"{recipe_name} call {i} {nm}")
+
+
+def per_format(sz):
+    """Each format, row and column, fake quant with RHT16 and packed + dequantize."""
+    xb = randn(*sz.big, seed=1, specials=True)
+    xt = randn(*sz.tall, seed=2, specials=True)
+    for name in fp4.FORMATS:
+        fmt = fmt_of(name)
+        check(f"{name}: row fake RHT16 {sz.big}", lambda: check_quant(xb, fmt, 1, 16, packed=False))
+        check(f"{name}: col fake RHT16 {sz.tall}", lambda: check_quant(xt, fmt, 0, 16, packed=False))
+        check(f"{name}: row packed+dequant {sz.tall}", lambda: check_quant(xt, fmt, 1, None, fake=False))
+        check(f"{name}: col packed+dequant {sz.big}", lambda: check_quant(xb, fmt, 0, None, fake=False))
+
+
+def run_all(sz):
+    """Every check in a fixed order (--part counts on it)."""
+    check("kernels vs the CPU reference (2048x4096)", vs_cpu)
+    ieee_reference_scales()
+    per_format(sz)
+    check("NaN/Inf blocks (ufp4, nvfp4, mxfp4)", nonfinite)
+    check("RHT 32/64/128 (ufp4 row, nvfp4 col)", large_rht)
+    check("nvfp4 2D 16x16 weight tiles", weights_2d)
+    check("nvfp4 2D tiles on stacked experts [8, 1024, 2048]", experts_2d)
+    check("quantize_both (fake nvfp4, packed ufp4+RHT)", lambda: both_orientations(sz))
+    check("quantize_both as the layer calls it (per-side packed, SR, fused NVFP4 amax)",
+          lambda: both_layer(sz))
+    check("SR unbiased (ufp4 row, nvfp4 col, mxfp4)", sr_unbiased)
+    check("fp4_matmul vs mm of the same operands / fake quant + mm", lambda: packed_gemm(sz))
+    check("fp32 inputs (16384x4096), row and column", fp32_activations)
+    check("row tiles of 4 x 1024: RTNE vs reference, SR vs plain loads", lambda: wide_rows(sz))
+    check("diagnose row load modes (prints)", diagnose_rowload)
+    for rn in ("ufp4", "nvfp4", "mxfp4", "e2m1"):
+        check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear_backends(sz, rn, False))
+    check("FP4Linear nvfp4 with SR dy: close", lambda: linear_backends(sz, "nvfp4", True))
+    check("tensor amax (NVFP4: after the RHT; FP8: plain) == max |x| (3 times each)", tensor_amax)
+    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT)",
+          lambda: fp8_operands(sz))
+    check("FP8 GEMM vs the exact product of its operands (fc2 shape)", lambda: fp8_gemm_exact(sz))
+    for rn in ("mxfp4", "mxint4"):
+        check(f"FP4Linear {rn} on FP8 GEMMs == on bf16 GEMMs (to bf16 rounding), no SR",
+              lambda: fp8_layer(sz, rn))
+    for rn in ("mxfp4", "mxint4"):
+        check(f"FP4Linear {rn} on FP8 GEMMs: cached weight == quantized per call (bit for bit)",
+              lambda: fp8_cached_weight(sz, rn))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
@@ -133,305 +474,10 @@ def main():
     global PART, ONLY
     ONLY = args.only
     PART = tuple(int(v) for v in args.part.split("/"))
-    big = (4096, 4096) if args.quick else (8192, 8192)
-    tall = (4096, 2048) if args.quick else (16384, 4096)
     t0 = time.time()
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
           f"{__import__('triton').__version__}  AVAILABLE={kernels.AVAILABLE}", flush=True)
-
-    def vs_cpu():  # the kernels against the reference computed on the CPU
-        x = randn(2048, 4096, seed=13, specials=True)
-        for name, dim, rht in (("ufp4", 1, 16), ("nvfp4", 1, None), ("e2m1", 0, 16), ("nvint4", 0, None)):
-            fmt = fmt_of(name)
-            q = kernels.quantize(x, fmt, dim=dim, rht=rht)
-            r = fp4.quantize(x.cpu(), fmt, dim=dim, rht=rht)
-            same(q.codes.cpu(), r.codes, f"{name} vs CPU codes")
-            same(q.scales.cpu(), r.scales, f"{name} vs CPU scales")
-            same(kernels.fake_quant(x, fmt, dim=dim, rht=rht).cpu(),
-                 fp4.fake_quant(x.cpu(), fmt, dim=dim, rht=rht).contiguous(), f"{name} vs CPU fake_quant")
-    check("kernels vs the CPU reference (2048x4096)", vs_cpu)
-    ieee_reference_scales()
-
-    xb = randn(*big, seed=1, specials=True)
-    xt = randn(*tall, seed=2, specials=True)
-    for i, name in enumerate(fp4.FORMATS):
-        fmt = fmt_of(name)
-        check(f"{name}: row fake RHT16 {big}", lambda: check_quant(xb, fmt, 1, 16, packed=False))
-        check(f"{name}: col fake RHT16 {tall}", lambda: check_quant(xt, fmt, 0, 16, packed=False))
-        check(f"{name}: row packed+dequant {tall}", lambda: check_quant(xt, fmt, 1, None, fake=False))
-        check(f"{name}: col packed+dequant {big}", lambda: check_quant(xb, fmt, 0, None, fake=False))
-
-    def nonfinite():
-        y = randn(2048, 1024, seed=3)
-        y[5, 7] = float("nan")
-        y[9, 100] = float("inf")
-        y[700, 3] = -float("inf")
-        for name in ("ufp4", "nvfp4", "mxfp4"):
-            check_quant(y, fmt_of(name), 1, None)
-            check_quant(y, fmt_of(name), 0, 16)
-    check("NaN/Inf blocks (ufp4, nvfp4, mxfp4)", nonfinite)
-
-    def large_rht():
-        y = randn(4096, 4096, seed=4)
-        for n in (32, 64, 128):
-            check_quant(y, fmt_of("ufp4"), 1, n, packed=False)
-            check_quant(y, fmt_of("nvfp4"), 0, n, packed=False)
-    check("RHT 32/64/128 (ufp4 row, nvfp4 col)", large_rht)
-
-    def weights_2d():
-        w = randn(4096, 4096, seed=5, dtype=torch.float32)
-        f2 = fmt_of("nvfp4", True)
-        for dim in (1, 0):
-            check_quant(w, f2, dim, None, dtype=torch.bfloat16)
-        row, col = kernels.quantize_both(w, f2, dtype=torch.bfloat16)
-        same(row, col, "2D tiles: Q(W) row-wise == column-wise")
-    check("nvfp4 2D 16x16 weight tiles", weights_2d)
-
-    def experts_2d():
-        w = randn(8, 1024, 2048, seed=14, dtype=torch.float32)
-        for dim in (2, 1):
-            check_quant(w, fmt_of("nvfp4", True), dim, None)
-    check("nvfp4 2D tiles on stacked experts [8, 1024, 2048]", experts_2d)
-
-    def both():
-        x = randn(*tall, seed=6)
-        row, col = kernels.quantize_both(x, "nvfp4", rht_col=None, dtype=torch.bfloat16)
-        same(row, ref(fp4.fake_quant, x, "nvfp4", dim=1, dtype=torch.bfloat16), "both: row")
-        same(col, ref(fp4.fake_quant, x, "nvfp4", dim=0, dtype=torch.bfloat16).contiguous(), "both: col")
-        qr, qc = kernels.quantize_both(x, "ufp4", rht=16, rht_col=16, packed=True)
-        same_q(qr, ref(fp4.quantize, x, "ufp4", dim=1, rht=16), "both packed: row")
-        same_q(qc, ref(fp4.quantize, x, "ufp4", dim=0, rht=16), "both packed: col")
-    check("quantize_both (fake nvfp4, packed ufp4+RHT)", both)
-
-    def both_layer():  # what FP4Linear asks for: x fake row + packed col, dy SR both ways
-        x = randn(*tall, seed=15)
-        seeds = torch.arange(6, device=DEV) + 41
-        for name, rr, rc in (("ufp4", 16, 16), ("nvfp4", None, 16), ("e2m1", None, 16)):
-            row, col = kernels.quantize_both(x, name, rht=rr, rht_col=rc, packed=(False, True),
-                                             dtype=torch.bfloat16)
-            same(row, ref(fp4.fake_quant, x, name, dim=1, rht=rr, dtype=torch.bfloat16), f"{name} x row")
-            same_q(col, ref(fp4.quantize, x, name, dim=0, rht=rc), f"{name} x col packed")
-            row, col = kernels.quantize_both(x, name, rounding="sr", rht=rr, rht_col=rc, seed=seeds[2],
-                                             seed_col=seeds[4], dtype=torch.bfloat16)
-            same(row, kernels.fake_quant(x, name, 1, "sr", rr, 43, torch.bfloat16), f"{name} dy row SR")
-            same(col, kernels.fake_quant(x, name, 0, "sr", rc, 45, torch.bfloat16), f"{name} dy col SR")
-    check("quantize_both as the layer calls it (per-side packed, SR, fused NVFP4 amax)", both_layer)
-
-    def sr():
-        n = 4096
-        g = torch.Generator(device=DEV).manual_seed(7)
-        base = torch.randn(1, 1024, generator=g, device=DEV)
-        for name, dim, rht in (("ufp4", 1, 16), ("nvfp4", 0, 16), ("mxfp4", 1, None)):
-            fmt = fmt_of(name)
-            x = base.expand(n, 1024).contiguous()
-            if dim == 0:
-                x = x.t().contiguous()
-            y = kernels.fake_quant(x, fmt, dim=dim, rounding="sr", rht=rht, seed=11, dtype=torch.float32)
-            if dim == 0:
-                y = y.t()
-            r = fp4.rht_transform(base, rht) if rht else base
-            q = ref(fp4.quantize, r, fmt)
-            scale = q.scales.double().repeat_interleave(fmt.block, -1)[0]
-            if q.tensor_scale is not None:
-                scale = scale / q.tensor_scale.double()
-            lv = fp4.GRIDS[fmt.grid].levels
-            step = scale * max(b - a for a, b in zip(lv, lv[1:]))
-            qmax = fp4.GRIDS[fmt.grid].qmax
-            target = torch.maximum(torch.minimum(r[0].double(), qmax * scale), -qmax * scale)
-            err = (y.double().mean(0) - target).abs()
-            bound = 5 * step / 2 / math.sqrt(n) + 1e-7 * r.abs().max()
-            assert (err <= bound).all(), f"SR {name}: max err/bound {(err / bound).max().item():.2f}"
-            y2 = kernels.fake_quant(x, fmt, dim=dim, rounding="sr", rht=rht, seed=11, dtype=torch.float32)
-            same(y2.t() if dim == 0 else y2, y, f"SR {name}: same seed, same bits")
-    check("SR unbiased (ufp4 row, nvfp4 col, mxfp4)", sr)
-
-    def gemm():
-        M, N, K = (4096, 4096, 4096) if args.quick else (8192, 8192, 8192)
-        a = randn(M, K, seed=8)
-        w = randn(N, K, seed=9)
-        for name, rht in (("ufp4", 16), ("nvfp4", None), ("mxfp4", None), ("nvint4", 16)):
-            fa, fw = fmt_of(name), fmt_of(name, block_2d=name.startswith("nv"))
-            qa, qw = kernels.quantize(a, fa, rht=rht), kernels.quantize(w, fw, rht=rht)
-            out = kernels.fp4_matmul(qa, qw, dtype=torch.float32)
-            # the same bf16 operands (value x block scale), fp32 accumulation by cuBLAS
-            opa = ref(fp4.dequantize, dataclasses.replace(qa, tensor_scale=None), torch.bfloat16)
-            opw = ref(fp4.dequantize, dataclasses.replace(qw, tensor_scale=None), torch.bfloat16)
-            r = opa.float() @ opw.float().t()   # fp32 GEMM (TF32 off by default)
-            for q in (qa, qw):
-                if q.tensor_scale is not None:
-                    r = r / q.tensor_scale
-            rel = ((out - r).norm() / r.norm()).item()
-            assert rel < 1e-5, f"{name}: fp4_matmul vs same-operand mm rel {rel:.2e}"
-            fq = torch.mm(kernels.fake_quant(a, fa, rht=rht), kernels.fake_quant(w, fw, rht=rht).t())
-            rel2 = ((out - fq.float()).norm() / fq.float().norm()).item()
-            assert rel2 < 1e-2, f"{name}: fp4_matmul vs fake quant + mm rel {rel2:.2e}"
-            print(f"      gemm {name}: rel vs same-operand mm {rel:.1e}, vs fake quant + mm {rel2:.1e}")
-    check("fp4_matmul vs mm of the same operands / fake quant + mm", gemm)
-
-    def fp32_activations():  # what FP4Linear feeds: fp32 x (master copy) -> bf16 fake quant
-        x = randn(16384, 4096, seed=15, dtype=torch.float32) * 0.01
-        for name in ("nvfp4", "ufp4", "mxfp4"):
-            check_quant(x, fmt_of(name), 1, None)
-            check_quant(x, fmt_of(name), 0, 16, packed=False)
-    check("fp32 inputs (16384x4096), row and column", fp32_activations)
-
-    def wide_rows():  # the default row tiles at 3072 wide: 4 x 1024 (mode 2 for MXFP4's packed and SR)
-        x = randn(4096 if args.quick else 16384, 3072, seed=16)
-        for name in ("ufp4", "nvfp4", "mxfp4"):
-            check_quant(x, fmt_of(name), 1, 16)
-            sr = [kernels.fake_quant(x, name, 1, "sr", 16, 5, torch.bfloat16, _cfg=c) for c in (None, (32, 128, 4, 1))]
-            same(sr[0], sr[1], f"{name} SR row: default tile == plain loads (same random bits)")
-    check("row tiles of 4 x 1024: RTNE vs reference, SR vs plain loads", wide_rows)
-
-    def diagnose_rowload():  # prints only: the row load modes on fp32 / bf16 inputs
-        for dt in (torch.float32, torch.bfloat16):
-            x = randn(16384, 4096, seed=15, dtype=dt) * 0.01
-            r = ref(fp4.quantize, x, "nvfp4")
-            for mode in (0, 1):
-                for fast in (True, False):
-                    kernels._FAST.clear()
-                    saved = kernels.INTERPRET
-                    kernels.INTERPRET = not fast  # the plain Triton launch path
-                    try:
-                        q = kernels.quantize(x, "nvfp4", _cfg=(8, 512, 4, mode))
-                    finally:
-                        kernels.INTERPRET = saved
-                    amax = kernels._tensor_amax(x.view(1, *x.shape), fp4.FORMATS["nvfp4"], None, False,
-                                                 cfg=(8, 512, 4, mode, 1))
-                    print(f"      diag {dt} mode {mode} fast {fast}: codes equal {torch.equal(q.codes, r.codes)}, "
-                          f"s_enc {q.tensor_scale.item():.6g} vs {r.tensor_scale.item():.6g}, amax "
-                          f"{amax.view(torch.float32).item():.6g} vs {x.abs().amax().item():.6g}, "
-                          f"zero scales {(q.scales == 0).float().mean().item():.3f}")
-    check("diagnose row load modes (prints)", diagnose_rowload)
-
-    def linear(recipe_name, sr):
-        T, IN, OUT = (4096, 2048, 2048) if args.quick else (16384, 4096, 4096)
-        recipe = fp4.make_recipe(recipe_name, sr_dy=sr)
-        torch.manual_seed(0)
-        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
-        x = randn(T, IN, seed=10, dtype=torch.float32) * 0.01
-        dy = randn(T, OUT, seed=12, dtype=torch.bfloat16)
-        outs = {}
-        for backend in ("torch", "triton"):
-            fp4.set_backend(backend)
-            xi = x.clone().requires_grad_(True)
-            lin.weight.grad = None
-            torch.manual_seed(1)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                y = lin(xi)
-            y.backward(dy.to(y.dtype))
-            outs[backend] = (y.detach(), xi.grad, lin.weight.grad.clone())
-        fp4.set_backend("auto")
-        for i, nm in enumerate(("y", "dx", "dW")):
-            a, b = outs["triton"][i], outs["torch"][i]
-            if sr and nm != "y":  # different random bits: same distribution
-                rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
-                assert rel < 0.2, f"{recipe_name} SR {nm}: rel diff {rel:.3f}"
-            else:
-                same(a, b, f"{recipe_name} {nm}")
-    for rn in ("ufp4", "nvfp4", "mxfp4", "e2m1"):
-        check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear(rn, False))
-    check("FP4Linear nvfp4 with SR dy: close", lambda: linear("nvfp4", True))
-
-    def fp8_same(x, name, what, **kw):
-        """kernels.to_fp8 of x == fp4.to_fp8 bit for bit (values, layout, scale): -> (values, scale)."""
-        v, s = kernels.to_fp8(x, name, **kw)
-        rv, rs = ref(fp4.to_fp8, x, name, **kw)
-        assert v.stride() == rv.stride(), f"{what}: strides {v.stride()} vs {rv.stride()}"
-        same(v.contiguous().view(torch.uint8), rv.contiguous().view(torch.uint8), what)
-        same(s, rs, what + " scale")
-        return v, s
-
-    def tensor_amax():
-        """The amax pass behind NVFP4's and FP8's tensor scales: max |x| exactly, for row and
-        column loads, every time (row loads of whole 32-groups per thread once gave a wrong
-        maximum now and then: docs/kernels.md, the amax pass)."""
-        for shape in ((4096, 3072), (4096, 2048), (768, 3072), (4096, 1024), (8192, 2048)):
-            x = randn(*shape, seed=24)
-            for col, rht in ((False, None), (False, 16), (True, 16)):
-                want = (fp4.rht_transform(x.float(), rht, 0 if col else -1) if rht else x.float()).abs().max().item()
-                for name in ("mxint4", "nvfp4"):
-                    for _ in range(3):
-                        got = kernels._tensor_amax(x.view(1, *shape), fp4.get_format(name), rht, col)
-                        got = got.view(torch.float32).item()
-                        assert got == want, f"{shape} {name} rht={rht} col={col}: amax {got} vs {want}"
-    check("tensor amax (NVFP4: after the RHT; FP8: plain) == max |x| (3 times each)", tensor_amax)
-
-    def fp8_operands():
-        x = randn(*tall, seed=20)
-        for name in ("mxfp4", "mxint4", "int4/16/e8m0"):
-            for f8 in (fp4.E4M3, fp4.E5M2):
-                for dim, rht in ((-1, None), (0, None), (-1, 16), (0, 32)):
-                    fp8_same(x, name, f"{name} {f8} dim={dim} rht={rht}", dim=dim, rht=rht, fp8=f8)
-        for shape, dt in (((4096, 3072), torch.bfloat16), ((768, 3072), torch.bfloat16),
-                          ((8192, 8192), torch.bfloat16), ((6144, 2048), torch.float32),
-                          ((2048, 8192), torch.float32)):  # the fc2 check's and the wide model's
-            xs = randn(*shape, seed=24, dtype=dt)
-            for dim in (-1, 0):
-                fp8_same(xs, "mxfp4", f"{shape} {dt} dim={dim}", dim=dim)
-        (a, sa), (b, sb) = kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,
-                                                 seed_col=3, fp8=(fp4.E5M2, fp4.E5M2))
-        fa = kernels.fake_quant(x, "mxint4", dim=1, rounding="sr", seed=3, dtype=torch.float32)
-        fb = kernels.fake_quant(x, "mxint4", dim=0, rht=16, rounding="sr", seed=3, dtype=torch.float32)
-        same(a.float() * sa, fa, "pair row (SR) vs fake_quant")
-        same(b.float() * sb, fb, "pair col (SR, RHT) vs fake_quant")
-    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT)", fp8_operands)
-
-    def fp8_gemm_exact():
-        T = 4096 if args.quick else 16384
-        x, w = randn(T, 3072, seed=21), randn(768, 3072, seed=22)
-        (xv, xs), (wv, ws) = fp8_same(x, "mxint4", "fc2-shaped x"), fp8_same(w, "mxint4", "fc2-shaped W")
-        exact = (xv.float().double() * xs.double()) @ (wv.float().double() * ws.double()).t()
-        for fast in (False, True):
-            got = torch._scaled_mm(xv, wv.t(), xs, ws, out_dtype=torch.float32, use_fast_accum=fast)
-            rel = ((got.double() - exact).norm() / exact.norm()).item()
-            print(f"      fc2-shaped FP8 GEMM, fast accumulation {fast}: relative error {rel:.2e}")
-            assert rel < (1e-6 if not fast else 1e-4), f"fast={fast}: relative error {rel:.2e}"
-    check("FP8 GEMM vs the exact product of its operands (fc2 shape)", fp8_gemm_exact)
-
-    def fp8_layer(recipe_name):
-        T, IN, OUT = (4096, 2048, 2048) if args.quick else (16384, 4096, 4096)
-        outs = []
-        for on in (True, False):
-            recipe = fp4.make_recipe(recipe_name, sr_dy=False, fp8_gemm=on)
-            assert fp4._uses_fp8(recipe, None, torch.device(DEV)) == on
-            torch.manual_seed(0)
-            lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
-            xi = (randn(T, IN, seed=10, dtype=torch.float32) * 0.01).requires_grad_(True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                y = lin(xi)
-            y.backward(randn(T, OUT, seed=12).to(y.dtype))
-            outs.append((y.detach().float(), xi.grad.float(), lin.weight.grad.float()))
-        for nm, a, b in zip(("y", "dx", "dW"), *outs):
-            rel = ((a - b).norm() / b.norm()).item()
-            assert rel < 5e-3, f"{recipe_name} {nm}: FP8 vs bf16 GEMMs relative difference {rel:.2e}"
-    for rn in ("mxfp4", "mxint4"):
-        check(f"FP4Linear {rn} on FP8 GEMMs == on bf16 GEMMs (to bf16 rounding), no SR",
-              lambda: fp8_layer(rn))
-
-    def fp8_cached_weight(recipe_name):
-        """fp4.cache_weights (both of W's FP8 operands from one read of the fp32 weight, kept)
-        == W quantized in each call: y, dx, dW bit for bit, SR on dy, two calls."""
-        T, IN, OUT = (4096, 2048, 6144) if args.quick else (8192, 2048, 8192)
-        outs = []
-        for cache in (False, True):
-            torch.manual_seed(0)
-            lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=fp4.make_recipe(recipe_name, fp8_gemm=True),
-                                device=DEV)
-            assert fp4.cache_weights(lin) == cache or not cache
-            for call in range(2):
-                xi = (randn(T, IN, seed=10 + call, dtype=torch.float32) * 0.01).requires_grad_(True)
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    y = lin(xi)
-                y.backward(randn(T, OUT, seed=12 + call).to(y.dtype))
-                outs.append((y.detach(), xi.grad, lin.weight.grad.clone()))
-        for i, (a, b) in enumerate(zip(outs[:2], outs[2:])):
-            for nm, u, v in zip(("y", "dx", "dW"), a, b):
-                same(u, v, f"{recipe_name} call {i} {nm}")
-    for rn in ("mxfp4", "mxint4"):
-        check(f"FP4Linear {rn} on FP8 GEMMs: cached weight == quantized per call (bit for bit)",
-              lambda: fp8_cached_weight(rn))
-
+    run_all(QUICK if args.quick else FULL)
     n_fail = sum(r[1] != "ok" for r in RESULTS)
     print(f"\n[part {args.part}] {len(RESULTS) - n_fail}/{len(RESULTS)} checks passed in {time.time() - t0:.0f}s")
     for name, st, dt, msg in RESULTS:
