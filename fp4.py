@@ -187,6 +187,13 @@ class QTensor:
     dim: int        # blocked dim of the original tensor (non-negative)
     rht: int | None  # RHT size applied before quantizing (values stay in the rotated basis)
 
+def blocked_dim(x, dim):
+    """dim as an index into x's dims (0 <= dim < x.dim()), or an error if x has no such dim."""
+    if not -x.dim() <= dim < x.dim() or x.dim() == 0:
+        raise IndexError(f"dim {dim} is out of range for a tensor of shape {tuple(x.shape)} "
+                         f"(valid: {-x.dim()} to {x.dim() - 1})")
+    return dim % x.dim()
+
 def check_blockable(x, fmt, dim, rht):
     K = x.shape[dim]
     for n, what in ((fmt.block, f"block size of format {fmt.name!r}"), (rht or 1, "RHT size")):
@@ -223,7 +230,7 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
     seed: makes stochastic rounding reproducible (None draws from torch's global generator); an
     int, or a one-element integer tensor (the Triton path reads it on the GPU without a sync)."""
     fmt = get_format(fmt)
-    dim = dim % x.dim()
+    dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
     kernels = kernels_for(x)
     if kernels:
@@ -258,7 +265,7 @@ def dequantize(q, dtype=None):
 def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None):
     """dequantize(quantize(x, ...)), bit for bit, without packing: x as the 4-bit GEMM sees it."""
     fmt = get_format(fmt)
-    dim = dim % x.dim()
+    dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
     kernels = kernels_for(x)
     if kernels:
@@ -357,7 +364,7 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
     bit for bit except in blocks more than the FP8 window below the scale's bound
     (fp8_inexact_blocks)."""
     fmt = check_fp8(fmt, fp8)
-    dim = dim % x.dim()
+    dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
     kernels = kernels_for(x)
     if kernels:
@@ -369,7 +376,7 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
 
 def fp8_inexact_blocks(values, scale, fake, fmt, dim=-1):
     """(blocks where values * scale differs from fake_quant's `fake`, blocks): the blocks that fell
-    out of the FP8 window (or hold NaN), as two device tensors (no host sync)."""
+    out of the FP8 window (or hold NaN): a device count (no host sync) and the int total."""
     diff = (values.float() * scale != fake.float()).movedim(dim, -1)
     bad = diff.reshape(*diff.shape[:-1], -1, get_format(fmt).block).any(-1)
     return bad.sum(), bad.numel()
@@ -429,7 +436,7 @@ class Recipe:
     dgrad: Gemm = Gemm()
     wgrad: Gemm = Gemm()
     rht_size: int = 16
-    weight_2d: bool = False        # 16x16 weight tiles: forward and backward see the same Q(W)
+    weight_2d: bool = False        # block x block weight tiles: forward and backward see the same Q(W)
     bf16_first: int = 0            # keep the first N transformer blocks in bf16
     bf16_last: int = 0             # ... and the last N
     bf16_last_fraction: float = 0.0  # ... or the last fraction of them (NVIDIA keeps ~15 %)
@@ -497,6 +504,11 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     if bf16_last is not None:
         changes["bf16_last_fraction"] = 0.0
     out = replace(r, **changes)
+    if out.fp8_gemm and not fp8_capable(out):
+        raise ValueError(f"fp8_gemm=True needs power-of-two (e8m0) block scales on all three GEMMs "
+                         f"and 1D weight blocks; recipe {r.name!r} has formats "
+                         f"{[getattr(out, g).fmt for g in GEMMS]}, weight_2d={out.weight_2d}: pick "
+                         f"mxfp4, mxint4 or a 'grid/block/e8m0' format, or leave fp8_gemm off")
     return r if out == r else replace(out, name=r.name + "*")  # '*' marks a modified preset in logs
 
 def check_dims(recipe, *dims):
@@ -543,13 +555,11 @@ def set_sr_bits(bits):
         kernels.set_sr_bits(bits)
 
 def _import_kernels():
-    """kernels.py, or None where it cannot be imported (BACKEND 'triton' raises). The only import
-    of it here, and a lazy one: kernels.py imports this file."""
+    """kernels.py, or None where it cannot be imported. The only import of it here, and a lazy
+    one: kernels.py imports this file (and imports without triton, HAVE_TRITON False)."""
     try:
         import kernels
     except ImportError:
-        if BACKEND == "triton":
-            raise
         return None
     return kernels
 
@@ -560,6 +570,9 @@ def kernels_for(x):
     if BACKEND == "torch" or not x.is_cuda:
         return None
     kernels = _import_kernels()
+    if BACKEND == "triton" and not (kernels and kernels.HAVE_TRITON):
+        raise RuntimeError("backend 'triton' needs the triton package (pip install triton), which "
+                           "did not import; set_backend('auto') runs the torch reference instead")
     if kernels and (kernels.AVAILABLE or BACKEND == "triton"):
         return kernels
     return None
@@ -631,7 +644,7 @@ def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
     both FP8 where fp8): on the Triton path from one read of t (kernels.quantize_both, the same
     bits as two calls) when both sides quantize; else two calls."""
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
-        (fr, rr, hr), (fc, rc, hc) = _qparams(row.gemm, recipe, row.sr), _qparams(col.gemm, recipe, col.sr)
+        (fr, rr, hr), (fc, rc, hc) = (_qparams(o.gemm, recipe, o.sr, o.weight) for o in (row, col))
         return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
                              fp8 and (fp8, fp8))
     return (_operand(t, row, recipe, -1, dtype, tag, fp8=fp8),
@@ -649,7 +662,8 @@ def _mm_fp32(a, b):
 def _grouped_mm(a, b, offs, out_dtype=None):
     """Per-group matmuls in one call (torch._grouped_mm: CPU and CUDA bf16). a [N, K] with row
     groups ending at offs, b [E, K, M] -> [N, M]; or a [M, N], b [N, K] with groups along N ->
-    [E, M, K]. CUDA's kernel is bf16-only: other dtypes loop over the groups."""
+    [E, M, K]. CUDA's kernel is bf16-only: other dtypes loop over the groups, which reads the
+    group ends on the host (a sync: fp32 experts on CUDA are for checks, not for speed)."""
     if not a.is_cuda:
         return torch._grouped_mm(a, b, offs=offs).to(out_dtype or a.dtype)
     if a.dtype == torch.bfloat16:  # accumulates in fp32 but (torch 2.11) writes bf16 out
@@ -660,8 +674,8 @@ def _grouped_mm(a, b, offs, out_dtype=None):
         out = a.new_zeros(a.shape[0], b.shape[-1])
         for e, (s, t) in enumerate(zip(starts, ends)):
             out[s:t] = a[s:t] @ b[e]
-        return out
-    return torch.stack([a[:, s:t] @ b[s:t] for s, t in zip(starts, ends)])
+        return out.to(out_dtype or a.dtype)
+    return torch.stack([a[:, s:t] @ b[s:t] for s, t in zip(starts, ends)]).to(out_dtype or a.dtype)
 
 def _mm(a, b, offs=None, fp32=False):
     """a @ b (dense layer), or per expert group when offs (the groups' end rows) is given."""
@@ -717,10 +731,14 @@ def _uses_fp8(recipe, counts, device):
     quantize to power-of-two (e8m0) block scales and the device has FP8 GEMMs (the CPU, or a GPU
     of compute capability 8.9+), for the dense layer (the grouped experts keep the bf16 path);
     else bf16 GEMMs on fake-quantized operands."""
-    gemms = (recipe.fprop, recipe.dgrad, recipe.wgrad)
-    return (recipe.fp8_gemm and counts is None and not recipe.weight_2d
-            and all(g.fmt and get_format(g.fmt).scale == "e8m0" for g in gemms)
+    return (recipe.fp8_gemm and counts is None and fp8_capable(recipe)
             and (device.type == "cpu" or _has_fp8_gemm(device)))
+
+def fp8_capable(recipe):
+    """Whether the recipe's operands can be exact FP8 numbers: every GEMM quantizes to
+    power-of-two (e8m0) block scales, with 1D weight blocks."""
+    return not recipe.weight_2d and all(
+        g.fmt and get_format(g.fmt).scale == "e8m0" for g in (recipe.fprop, recipe.dgrad, recipe.wgrad))
 
 @functools.lru_cache(maxsize=None)
 def _has_fp8_gemm(device):
@@ -920,7 +938,7 @@ def _cached_pairs(weight_q):
     return (weight_q[0], weight_q[1]), (weight_q[2], weight_q[3])
 
 def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=()):
-    dtype = _compute_dtype(x)  # GEMM math in fp32 on CPU, bf16 under autocast
+    dtype = _compute_dtype(x)  # the autocast dtype, else fp32 (fp64 stays fp64)
     if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
         # as autocast's F.linear: x in the autocast dtype (a LayerNorm's fp32 output, cast where
         # it is made by the compiler's fused kernel; dx comes back in that dtype, cast back there)
@@ -965,7 +983,7 @@ class FP4Linear(_Quantized, nn.Linear):
         # optimizer steps when cache_weight() fills them; None: quantized in every call
         for name in self.CACHE:
             self.register_buffer(name, None, persistent=False)
-        self._cached_for = None  # (recipe key, weight version) of the cached operands
+        self._cached_for = None  # _cache_key() of the cached operands
 
     CACHE = ("weight_fprop", "weight_fprop_scale", "weight_dgrad", "weight_dgrad_scale")
 
@@ -989,15 +1007,21 @@ class FP4Linear(_Quantized, nn.Linear):
                 old.copy_(t)  # in place: a CUDA graph that read the old one reads this one
             else:
                 setattr(self, name, t)
-        self._cached_for = (self._recipe_key, self.weight._version)
+        self._cached_for = self._cache_key()
         return True
+
+    def _cache_key(self):
+        """What the cached operands depend on: the recipe, and the weight tensor and its version
+        (bumped by every in-place change; a new tensor, e.g. from load_state_dict(assign=True),
+        has another identity)."""
+        return self._recipe_key, id(self.weight), self.weight._version
 
     def _weight_q(self):
         """The cached FP8 operands for _apply ([] when none); in eager mode, an error if the
         weight changed after they were made."""
         if self.weight_fprop is None:
             return []
-        if not torch.compiler.is_compiling() and (self._recipe_key, self.weight._version) != self._cached_for:
+        if not torch.compiler.is_compiling() and self._cache_key() != self._cached_for:
             raise RuntimeError(f"{self.tag or 'FP4Linear'}: the weight or recipe changed after "
                                f"cache_weight(); call fp4.cache_weights(model) after every change")
         return [getattr(self, name) for name in self.CACHE]
@@ -1016,7 +1040,7 @@ class FP4Linear(_Quantized, nn.Linear):
 
 class GroupedLinear(_Quantized, nn.Module):
     """num_groups independent linears (no bias) applied to row groups: the MoE experts.
-    forward(x [N, in] sorted by group, counts [num_groups] (tensor or list)) -> [N, out]."""
+    forward(x [N, in] sorted by group, counts [num_groups] (tensor or list) summing to N) -> [N, out]."""
 
     def __init__(self, num_groups, in_features, out_features, recipe="bf16", device=None, dtype=None):
         super().__init__()
@@ -1030,6 +1054,15 @@ class GroupedLinear(_Quantized, nn.Module):
 
     def forward(self, x, counts):
         counts = torch.as_tensor(counts, device=x.device).long()
+        groups = self.weight.shape[0]
+        if counts.shape != (groups,):
+            raise ValueError(f"counts must hold one row count per group ({groups}), got shape "
+                             f"{tuple(counts.shape)}")
+        # the sum is checked where it costs no host sync (counts on the CPU, eager)
+        if counts.device.type == "cpu" and not torch.compiler.is_compiling() and \
+                (int(counts.sum()) != x.shape[0] or bool((counts < 0).any())):
+            raise ValueError(f"counts {counts.tolist()} must be non-negative and sum to the rows "
+                             f"of x ({x.shape[0]}): x holds each group's rows, sorted by group")
         return _apply(x, self.weight, counts, self._recipe_key, self.tag)
 
     def extra_repr(self):
@@ -1051,8 +1084,9 @@ KEEP_X = ("attn.proj",)
 
 def convert(model, recipe, blocks_attr="blocks", keep=("router",), keep_x=KEEP_X):
     """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
-    GroupedLinears), except blocks the recipe keeps in bf16 and modules whose name ends with a
-    name in `keep` (the MoE router). Linears named in `keep_x` (KEEP_X) save their input x for
+    GroupedLinears), except blocks the recipe keeps in bf16 and the modules named in `keep` with
+    all they hold (the MoE router; an entry matches a name's last dotted parts: "router",
+    "attn.qkv"). Linears named in `keep_x` (KEEP_X) save their input x for
     Wgrad rather than packed codes (FP4Linear.pack_x). That saves memory where proj's input is a
     view of SDPA's saved output (the GPU's attention; the CPU's may lay its output out otherwise,
     and proj then keeps a copy). Parameters are shared, not copied. Returns the model."""
@@ -1062,7 +1096,7 @@ def convert(model, recipe, blocks_attr="blocks", keep=("router",), keep_x=KEEP_X
     for i, block in enumerate(blocks):
         r = RECIPES["bf16"] if i in bf16 else recipe
         for name, mod in list(block.named_modules()):
-            if not name or name.split(".")[-1] in keep:
+            if not name or _kept(name, keep):
                 continue
             if isinstance(mod, (GroupedLinear, FP4Linear)):  # already converted: just re-recipe
                 check_dims(r, mod.in_features, mod.out_features)
@@ -1079,6 +1113,12 @@ def convert(model, recipe, blocks_attr="blocks", keep=("router",), keep_x=KEEP_X
                 parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
                 setattr(parent, name.split(".")[-1], new)
     return model
+
+def _kept(name, keep):
+    """Whether the module `name` (dotted, within a block) or a module holding it is in `keep`."""
+    parts = name.split(".")
+    paths = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(p == k or p.endswith("." + k) for p in paths for k in keep)
 
 def saved_bytes(layer, x, dy=None):
     """Bytes a forward of `layer` on x keeps for backward, its parameters left out; then runs the

@@ -3,7 +3,8 @@ kernels.py: Triton versions of fp4.py's quantizers, its dequantizer, and a GEMM 
 operands. Same signatures and meaning as fp4.py; with RTNE the same bits (codes, scales,
 dequantized values); stochastic rounding draws its own random numbers (same distribution).
 fp4.py calls them through its one dispatch point, fp4.kernels_for(x) (CUDA tensors, triton
-available, backend not 'torch'); this file imports fp4.py, never the other way round.
+available, backend not 'torch'); this file imports fp4.py, which imports it back only lazily
+(fp4._import_kernels), at its first use.
 
   quantize(x, fmt, dim, rounding, rht, seed)           -> fp4.QTensor (packed codes + scales)
   fake_quant(x, fmt, dim, rounding, rht, seed, dtype)  -> dequantize(quantize(x)) in one pass
@@ -343,7 +344,7 @@ def _seed(seed, device):
     """An int, or a one-element integer tensor on the device (read by the kernel: no host sync,
     and a CUDA graph replays whatever value it holds then; values in [0, 2^31 - 1) give the same
     random bits as that int)."""
-    if seed is None:  # like the reference: drawn from torch's global (CPU) generator
+    if seed is None:  # one draw from torch's CPU generator (the reference draws on x's device)
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
     if isinstance(seed, torch.Tensor):
         if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex:
@@ -1016,8 +1017,9 @@ def _num_warps(BM, BN):
 
 
 def _tensor_amax(x3, fmt, rht, col, col_rht=None, col_fmt=None, cfg=None):
-    """NVFP4's tensor amax (after the RHT, along N or along M when col) from a first pass over x:
-    an int32 [1] holding the float's bits (no host sync; the quantize kernel derives s_enc).
+    """The tensor amax (NVFP4 sides: after the RHT, along N or along M when col; FP8 sides: plain
+    max |x|, rht None) from a first pass over x: an int32 [1] holding the float's bits (no host
+    sync; the quantize kernel derives the tensor scale from it).
     col_rht (with col False): also the column side's amax after that RHT (0: none), for a column
     side of format col_fmt (default fmt), from the same read; returns (row amax, col amax) then.
     A side without RHT takes max |x| from the other side's loads (col without RHT: row loads).
@@ -1074,8 +1076,9 @@ def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
     RHT, seed in memory, packed, FP8 dtype; None when off), and the same as the launch cache's key: built
     once, not per call."""
-    if rbits not in (8, 16):
-        raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws 8 or 16 random bits per element")
+    if rbits not in fp4.SR_BITS_CHOICES:
+        raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws "
+                         f"{' or '.join(map(str, fp4.SR_BITS_CHOICES))} random bits per element")
     meta = {}
     for sig, p, flag in ((row_sig, "R_", "DO_ROW"), (col_sig, "C_", "DO_COL")):
         if sig is None:
@@ -1189,7 +1192,7 @@ def _as3(x, dim):
 
 def _prep(x, fmt, dim, rht):
     fmt = fp4.get_format(fmt)
-    dim = dim % x.dim()
+    dim = fp4.blocked_dim(x, dim)
     fp4.check_blockable(x, fmt, dim, rht)
     return fmt, dim
 
@@ -1496,7 +1499,7 @@ def _fp4_mm_kernel(a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, c_ptr, M, N
     tl.store(c_ptr + off, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def _mm_config(M, N, K, fa, fb):
+def _mm_config(fa, fb):
     """(BM, BN, BK, GROUP_M, num_warps, num_stages) for operands of formats fa and fb: 128 x 128
     x 128 tiles of one warpgroup; 2 pipeline stages with an int4 operand, 3 for E2M1 (the fastest
     measured, docs/kernels.md, the packed GEMM)."""
@@ -1563,8 +1566,6 @@ def fp4_matmul(qa, qb, dtype=None, _cfg=None):
         if len(q.shape) != 2 or q.dim != 1:
             raise ValueError(f"{nm}: fp4_matmul needs 2D QTensors quantized along dim 1 "
                              f"(got shape {q.shape}, dim {q.dim})")
-        if q.rht and q.rht != qa.rht:
-            raise ValueError("both operands need the same RHT (or none)")
     if (qa.rht or None) != (qb.rht or None):
         raise ValueError(f"operands need the same RHT, got {qa.rht} and {qb.rht}")
     M, K = qa.shape
@@ -1578,7 +1579,7 @@ def fp4_matmul(qa, qb, dtype=None, _cfg=None):
     if not c.numel():
         return c if c.dtype == out_dtype else c.to(out_dtype)
     meta = _mm_meta(qa.fmt, qb.fmt, qa.tensor_scale is not None, qb.tensor_scale is not None)
-    BM, BN, BK, GM, nw, ns = _cfg or _mm_config(M, N, K, qa.fmt, qb.fmt)
+    BM, BN, BK, GM, nw, ns = _cfg or _mm_config(qa.fmt, qb.fmt)
     BK = max(BK, qa.fmt.block, qb.fmt.block)
     # (both paths read codes with rows of K / 2 bytes: a view of padded or transposed codes is copied)
     operands = [qa.codes.contiguous(), _mm_scales(qa), qb.codes.contiguous(), _mm_scales(qb)]

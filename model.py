@@ -293,6 +293,7 @@ class GPT(nn.Module):
         gradient of its own size in backward (1.5 GiB at GPT-2 small's 16k tokens), alive at the
         step's memory peak."""
         B, T = idx.shape
+        self._ce_loss = None   # moe_stats() reports the loss of this forward only
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         x = self.wte(idx)

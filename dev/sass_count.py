@@ -124,7 +124,7 @@ def compile_mm(fmt_name, BM, BN, BK, group_m, nw, stages, cap=90):
 def mm_config(fmt_name):
     """kernels.fp4_matmul's tile at 8192^3 for two operands of this format."""
     fmt = fp4.get_format(fmt_name)
-    return kernels._mm_config(8192, 8192, 8192, fmt, fmt)
+    return kernels._mm_config(fmt, fmt)
 
 
 def disassemble(kernel):

@@ -256,6 +256,27 @@ def test_length_not_multiple_of_block_is_a_clear_error():
         fp4.quantize(torch.randn(4, 32), "ufp4", rht=64)
 
 
+def test_a_dim_outside_the_tensor_is_a_clear_error():
+    x = torch.randn(4, 32)
+    for fn, dim in ((fp4.quantize, 2), (fp4.fake_quant, -3), (fp4.to_fp8, 2)):
+        with pytest.raises(IndexError, match="out of range"):
+            fn(x, "mxfp4", dim=dim)
+    with pytest.raises(IndexError, match="out of range"):
+        fp4.quantize(torch.tensor(1.0), "ufp4")
+
+
+def test_grouped_linear_checks_its_counts():
+    g = fp4.GroupedLinear(4, 32, 64, recipe="ufp4")
+    x = torch.randn(40, 32)
+    with pytest.raises(ValueError, match="sum to the rows of x"):
+        g(x, [10, 10, 0, 0])
+    with pytest.raises(ValueError, match="sum to the rows of x"):
+        g(x, [50, -10, 0, 0])
+    with pytest.raises(ValueError, match="one row count per group"):
+        g(x, [20, 20])
+    assert g(x, [10, 10, 20, 0]).shape == (40, 64)
+
+
 def test_bad_names_list_valid_ones():
     with pytest.raises(ValueError, match="ufp4"):
         fp4.get_format("fp5")
@@ -571,6 +592,17 @@ def test_convert_swaps_block_linears_only():
     assert set(m.state_dict()) == set(Model().state_dict())
     fp4.convert(m, "e2m1")  # converting again only changes the recipe
     assert m.blocks[0].qkv.recipe.name == "e2m1" and m.blocks[0].qkv.weight is w
+
+
+def test_convert_keeps_named_modules_and_what_they_hold():
+    from model import GPT, GPTConfig
+    cfg = dict(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)
+    for keep, kept in ((("attn.qkv",), {"attn.qkv"}), (("attn",), {"attn.qkv", "attn.proj"}),
+                       ((), set())):
+        m = fp4.convert(GPT(GPTConfig(**cfg)), "ufp4", keep=keep)
+        linears = {n: type(mod) for n, mod in m.blocks[0].named_modules()
+                   if isinstance(mod, nn.Linear)}
+        assert {n for n, t in linears.items() if t is nn.Linear} == kept, (keep, linears)
 
 
 # ---------------------------------------------------------------- shrinkage diagnostics
@@ -898,8 +930,9 @@ def test_uses_fp8_dispatch():
     assert fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=True), None, CPU)
     assert fp4._uses_fp8(fp4.make_recipe("mxint4", fp8_gemm=True), None, CPU)
     assert fp4._uses_fp8(fp4.make_recipe("ufp4", fmt="int4/16/e8m0", fp8_gemm=True), None, CPU)
-    assert not fp4._uses_fp8(fp4.make_recipe("ufp4", fp8_gemm=True), None, CPU)
-    assert not fp4._uses_fp8(fp4.make_recipe("nvfp4", fp8_gemm=True), None, CPU)
+    for name, kw in (("ufp4", {}), ("nvfp4", {}), ("bf16", {}), ("mxfp4", dict(weight_2d=True))):
+        with pytest.raises(ValueError, match="fp8_gemm=True needs power-of-two"):
+            fp4.make_recipe(name, fp8_gemm=True, **kw)
     assert not fp4._uses_fp8(fp4.make_recipe("mxfp4"), None, CPU)  # opt-in
     assert not fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=True), torch.tensor([3, 5]), CPU)  # experts
 

@@ -791,7 +791,7 @@ def test_fp4_matmul_at_the_gpu_tile(monkeypatch, tma_paths):
     """The GPU's 128 x 128 x 128 tile through TMA: M, N and K end inside a tile (the descriptors
     fill past the edges with zeros), 2D-block scales of 16 and of 32, mixed formats; empty
     outputs; codes that are a strided view (copied, not read with the wrong row stride)."""
-    monkeypatch.setattr(kernels, "_mm_config", lambda M, N, K, fa, fb: (128, 128, 128, 8, 4, 1))
+    monkeypatch.setattr(kernels, "_mm_config", lambda fa, fb: (128, 128, 128, 8, 4, 1))
     paths = tma_paths
     M, N = 136, 224
     # (2D 32-blocks' scale rows are K / 8 bytes: 16-byte aligned only where K % 128 == 0)

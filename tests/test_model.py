@@ -56,6 +56,8 @@ def test_forward_backward_shapes(name):
     full, _ = model(x, full_logits=True)
     assert full.shape == (2, T, V)
     torch.testing.assert_close(last[:, 0], full[:, -1])
+    assert model._ce_loss is None   # that forward had no targets
+    _, loss = model(x, y)
     torch.testing.assert_close(F.cross_entropy(full.view(-1, V), y.view(-1)), model._ce_loss)
 
 @pytest.mark.parametrize("name", ["dense-swiglu-rope", "dense-gelu-learned-layernorm-tied",

@@ -277,27 +277,6 @@ def wide_rows(sz):  # the default row tiles at 3072 wide: 4 x 1024 (mode 2 for M
         same(sr[0], sr[1], f"{name} SR row: default tile == plain loads (same random bits)")
 
 
-def diagnose_rowload():  # prints only: the row load modes on fp32 / bf16 inputs
-    for dt in (torch.float32, torch.bfloat16):
-        x = randn(16384, 4096, seed=15, dtype=dt) * 0.01
-        r = ref(fp4.quantize, x, "nvfp4")
-        for mode in (0, 1):
-            for fast in (True, False):
-                kernels._FAST.clear()
-                saved = kernels.INTERPRET
-                kernels.INTERPRET = not fast  # the plain Triton launch path
-                try:
-                    q = kernels.quantize(x, "nvfp4", _cfg=(8, 512, 4, mode))
-                finally:
-                    kernels.INTERPRET = saved
-                amax = kernels._tensor_amax(x.view(1, *x.shape), fp4.FORMATS["nvfp4"], None, False,
-                                             cfg=(8, 512, 4, mode, 1))
-                print(f"      diag {dt} mode {mode} fast {fast}: codes equal {torch.equal(q.codes, r.codes)}, "
-                      f"s_enc {q.tensor_scale.item():.6g} vs {r.tensor_scale.item():.6g}, amax "
-                      f"{amax.view(torch.float32).item():.6g} vs {x.abs().amax().item():.6g}, "
-                      f"zero scales {(q.scales == 0).float().mean().item():.3f}")
-
-
 def linear_backends(sz, recipe_name, sr):
     T, IN, OUT = sz.linear
     recipe = fp4.make_recipe(recipe_name, sr_dy=sr)
@@ -449,7 +428,6 @@ def run_all(sz):
     check("fp4_matmul vs mm of the same operands / fake quant + mm", lambda: packed_gemm(sz))
     check("fp32 inputs (16384x4096), row and column", fp32_activations)
     check("row tiles of 4 x 1024: RTNE vs reference, SR vs plain loads", lambda: wide_rows(sz))
-    check("diagnose row load modes (prints)", diagnose_rowload)
     for rn in ("ufp4", "nvfp4", "mxfp4", "e2m1"):
         check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear_backends(sz, rn, False))
     check("FP4Linear nvfp4 with SR dy: close", lambda: linear_backends(sz, "nvfp4", True))
