@@ -326,6 +326,7 @@ class Run:
     def __init__(self, cfg):
         self.cfg, self.c = cfg, SimpleNamespace(**cfg)
         self.logf = self.wandb = self.lock = None
+        self.claim = [], []   # take_out_dir: (files --overwrite=True replaces, files kept aside)
         self.iter_num, self.best_val_loss, self.n_nonfinite, self.bad_in_row = 0, float("inf"), 0, 0
         self.ckpt_path = os.path.join(self.c.out_dir, LATEST)
         self.writes = not (self.c.dry_run or self.c.eval_only)   # into out_dir
@@ -396,16 +397,24 @@ def setup_processes(run):
 
 def take_out_dir(run):
     """Rank 0 locks out_dir and checks that this run may write there (a dry run checks only;
-    eval_only, which writes nothing, neither: it may evaluate a checkpoint of a live run)."""
+    eval_only, which writes nothing, neither: it may evaluate a checkpoint of a live run). What
+    --overwrite=True replaces goes only in clear_out_dir, once data and model are set up."""
     c = run.c
     if not run.master or c.eval_only:
         return
     if run.writes:
         run.lock = lock_out_dir(c.out_dir)
-    replaced, aside = claim_out_dir(c.out_dir, "resume" if c.init_from == "resume" else "scratch",
-                                    c.resume_from, c.overwrite)
-    if not run.writes:
+    run.claim = claim_out_dir(c.out_dir, "resume" if c.init_from == "resume" else "scratch",
+                              c.resume_from, c.overwrite)
+
+
+def clear_out_dir(run):
+    """The earlier run's files that --overwrite=True replaces, removed now that every check of
+    this run has passed (a bad dataset or model stops it with that run intact)."""
+    c = run.c
+    if not run.master or c.eval_only or not run.writes:
         return
+    replaced, aside = run.claim
     if replaced:
         remove_run_files(c.out_dir, replaced)
         run.log(f"note: --overwrite=True: removed the earlier run's {', '.join(replaced)} "
@@ -1104,6 +1113,7 @@ def main(argv=None):
                 f"({run.raw_model.active_params() / 1e6:.2f}M active), recipe {run.recipe.name}, "
                 f"{run.world} process(es) on {run.c.device}, {run.c.dtype}, "
                 f"{run.tokens_per_iter} tokens/iter")
+        clear_out_dir(run)
         open_outputs(run)
         if run.c.eval_only:
             return evaluate(run)["val"]
