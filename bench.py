@@ -28,12 +28,43 @@ import torch
 import train
 
 
-def bench_one(config, spec, warmup, iters, out_dir, extra):
-    recipe, *own = spec.split("+")   # e.g. ufp4+recipe_format=mxint4: train.py keys for this one
-    args = [config, f"--recipe={recipe}", f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
+# train.py keys that bench.py sets itself: given as extra arguments they would change what is
+# timed or where the run writes (an --out_dir of another run would be overwritten)
+OWN_KEYS = ("recipe", "max_iters", "out_dir", "overwrite", "init_from", "eval_interval",
+            "log_interval", "checkpoint")
+
+
+def train_args(config, spec, warmup, iters, out_dir, extra):
+    """train.py's arguments for one recipe spec (e.g. ufp4+recipe_format=mxint4: a recipe and
+    train.py keys of its own, which win over the extra ones)."""
+    recipe, *own = spec.split("+")
+    return [config, f"--recipe={recipe}", f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
             "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--warmup_iters=1",
             "--checkpoint=False", "--final_sample_tokens=0",
-            "--overwrite=True"] + list(extra) + [f"--{kv}" for kv in own]  # (replaces the last run; own ones win)
+            "--overwrite=True"] + list(extra) + [f"--{kv}" for kv in own]  # (replaces the last run)
+
+
+def check_args(args, extra):
+    """Every problem with the command before the first recipe runs: one line (ValueError)."""
+    if args.warmup < 0 or args.iters < 1:
+        raise ValueError(f"--warmup must be >= 0 and --iters >= 1 (got {args.warmup}, {args.iters})")
+    specs = [r for r in args.recipes.split(",") if r]
+    if not specs:
+        raise ValueError("--recipes is empty: give a comma list, e.g. --recipes=bf16,ufp4")
+    own = sorted({a[2:].split("=")[0] for a in extra if a.startswith("--")} & set(OWN_KEYS))
+    if own:
+        raise ValueError(f"{', '.join('--' + k for k in own)}: set by bench.py itself (the run's "
+                         f"folder is --out, the recipes --recipes, the length --warmup/--iters)")
+    for spec in specs:
+        try:
+            train.get_config(train_args(args.config, spec, args.warmup, args.iters, args.out, extra))
+        except train.ConfigError as e:
+            raise ValueError(f"recipe {spec!r}: {e}") from None
+    return specs
+
+
+def bench_one(config, spec, warmup, iters, out_dir, extra):
+    args = train_args(config, spec, warmup, iters, out_dir, extra)
     if torch.cuda.is_available():
         # the previous recipe's compiled graphs hold their CUDA-graph memory pool until reset:
         # without this, every recipe's peak would include the ones before it
@@ -62,7 +93,12 @@ def main(argv):
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", default="out/bench")
     args, extra = p.parse_known_args(argv)
-    recipes = args.recipes.split(",")
+    try:
+        recipes = check_args(args, extra)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if not torch.cuda.is_available():
+        print("note: no GPU: these are CPU timings of the torch reference, not FP4 speed")
     rows = []
     for r in recipes:
         print(f"--- {r}", flush=True)
@@ -86,7 +122,8 @@ def main(argv):
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(dict(env=env, rows=rows), f, indent=1)
     lines = [f"`{env['command']}` on {env['date']}, {env['device']}, torch {env['torch']}, "
-             f"triton {env['triton']}", "",
+             f"triton {env['triton']}" + ("" if torch.cuda.is_available() else
+                                          " (CPU timings of the torch reference, not FP4 speed)"), "",
              f"| recipe | step ms | tokens/s | vs {base['recipe']} | MFU | peak GiB | mem vs {base['recipe']} |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
