@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import importlib
 import json
 import math
 import os
@@ -519,6 +520,8 @@ def dataset_needs_build(c, path):
         if not os.path.isfile(p):
             raise ConfigError(f"dataset_input file {p!r} not found: give text files, "
                               f"comma-separated")
+    if inputs and c.dataset in data.DATASETS:
+        check_named_copy(c.dataset, inputs)
     buildable = bool(inputs) or c.dataset in data.DATASETS
     if not all(os.path.exists(os.path.join(path, f)) for f in ("train.bin", "val.bin", "meta.json")):
         if not buildable:
@@ -540,6 +543,20 @@ def dataset_needs_build(c, path):
         return (f"it was built from other files or another tokenizer ({meta.get('tokenizer')}) "
                 f"than --dataset_input/--dataset_tokenizer give now: rebuilding")
     return ""
+
+
+def check_named_copy(name, inputs):
+    """--dataset_input with a named dataset takes only a local copy of that dataset's own source
+    file (offline use; its prepare.py names the file's SHA256), never other text under its name:
+    later runs of the name would train on that text."""
+    want = getattr(importlib.import_module(f"data.{name}.prepare"), "SHA256", None)
+    if want and len(inputs) == 1 and sha256_file(inputs[0]) == want:
+        return
+    source = f"; for {name} only a copy of its source file (sha256 {want[:12]}...) is taken" \
+        if want else ""
+    raise ConfigError(f"--dataset_input would build the named dataset {name!r} from "
+                      f"{', '.join(inputs)}: give your text a name of its own (--dataset=mytext "
+                      f"--dataset_input=FILE){source}")
 
 
 def make_loader(run, split, seed):

@@ -244,6 +244,16 @@ def test_nanogpt_comparison_config_takes_a_local_input(tmp_path):
     meta = json.load(open(tmp_path / "tinyshakespeare_char" / "meta.json"))
     assert (meta["vocab_size"], meta["train_tokens"], meta["val_tokens"]) == (65, 1003854, 111540)
 
+def test_a_named_dataset_takes_no_other_text(tmp_path):
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    for name, msg in (("shakespeare_char", r"give your text a name of its own"),
+                      ("tinyshakespeare_char", r"only a copy of its source file \(sha256 86c4e6aa9db7")):
+        with pytest.raises(train.ConfigError, match=msg):
+            train.main(tiny_args(str(tmp_path / "data" / name), str(tmp_path / "o"),
+                                 dataset_input=str(text), dry_run=True))
+        assert not os.path.exists(tmp_path / "data" / name)
+
 def test_nanogpt_comparison_config_offline_is_one_line(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise OSError("Name or service not known")
