@@ -230,9 +230,13 @@ def save_checkpoint(ckpt, path, best=False):
 
 
 def _reason(e):
-    """The informative line of a torch.load error (weights_only errors open with boilerplate)."""
+    """The informative line of a torch.load error (weights_only errors open with boilerplate that
+    suggests weights_only=False, which would run whatever code the file holds)."""
     text = str(e).split("WeightsUnpickler error:")[-1]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if text.startswith("Weights only load failed"):
+        text = text.split("trusted source.", 1)[-1]
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line.strip().startswith(("Check the documentation", "Please file"))]
     return lines[0].split(" was not an allowed global")[0] if lines else type(e).__name__
 
 
@@ -241,10 +245,13 @@ def _read(path, map_location="cpu"):
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         why = _reason(e)
-        if "Unsupported global" in why:
+        if "unsupported global" in why.lower():
             raise CheckpointError(f"{path} holds Python objects other than tensors and plain "
                                   f"values (a checkpoint of an older train.py, or not ours): "
                                   f"refusing to load it ({why})") from None
+        if "Unsupported operand" in why:
+            raise CheckpointError(f"{path} is not a checkpoint (not a file torch.save wrote): name "
+                                  f"a ckpt.pt") from None
         raise CheckpointError(f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): it "
                               f"is truncated or corrupt ({type(e).__name__}: {why})") from None
     missing = [k for k in CKPT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
@@ -265,7 +272,8 @@ def _alternatives(path):
 
 def load_checkpoint(path, map_location="cpu", flag="--resume_from"):
     """(checkpoint, the path it came from), loaded with weights_only=True and its checksum
-    checked. A damaged file is refused with the readable alternatives named (as `flag`=PATH)."""
+    checked. A damaged file is refused with the readable alternatives named (as `flag`=PATH, or
+    as paths where flag is None)."""
     if not os.path.exists(path):
         prev = prev_path(path)
         if os.path.exists(prev):   # a crash between the two renames of save_checkpoint
@@ -276,7 +284,7 @@ def load_checkpoint(path, map_location="cpu", flag="--resume_from"):
         return _read(path, map_location), path
     except CheckpointError as e:
         good = _alternatives(path)
-        hint = "; readable: " + ", ".join(f"{flag}={p}" for p in good) if good else \
+        hint = "; readable: " + ", ".join(f"{flag}={p}" if flag else p for p in good) if good else \
             "; no other readable checkpoint of this run"
         raise CheckpointError(f"{e}{hint}") from None
 

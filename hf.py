@@ -87,15 +87,6 @@ def load_weights(path):
 # -----------------------------------------------------------------------------
 # reading a nanoFP4 checkpoint
 
-def _numpy_globals():
-    """What a pickled numpy array needs (train.py's checkpoints hold numpy's RNG state): these
-    rebuild arrays from bytes and run no other code, so allowing them keeps the load safe."""
-    import numpy as np
-    core = getattr(np, "_core", None) or np.core
-    names = [core.multiarray._reconstruct, np.ndarray, np.dtype]
-    names += [type(np.dtype(t)) for t in ("uint32", "int64", "float64", "uint8")]
-    return names
-
 def read_safetensors(path):
     """A save_weights file that carries model_args (and maybe recipe, iter_num, the dataset's
     meta) in its metadata, as a checkpoint dict."""
@@ -115,14 +106,11 @@ def read_checkpoint(src):
                       f"train.py out_dir")
     if path.endswith(".safetensors"):
         return read_safetensors(path)
-    try:
-        with torch.serialization.safe_globals(_numpy_globals()):
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise HFError(f"cannot read {path} as a weights-only checkpoint ({type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''})") from e
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
-        raise HFError(f"{path} is not a nanoFP4 checkpoint (no 'model' / 'model_args')")
+    from checkpoint import CheckpointError, load_checkpoint
+    try:   # weights-only, its checksum checked, as train.py and eval.py read it
+        ckpt, _ = load_checkpoint(path, flag=None)
+    except CheckpointError as e:
+        raise HFError(str(e)) from None
     prefixes = ("_orig_mod.", "module.")   # torch.compile and DDP wrappers
     state = {}
     for k, v in ckpt["model"].items():
@@ -224,6 +212,9 @@ def export(src, hf_dir, dtype="float32"):
     from safetensors.torch import save_file
     if dtype not in ("float32", "bfloat16"):
         raise HFError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+    if os.path.exists(os.path.join(hf_dir, "ckpt.pt")):
+        raise HFError(f"{hf_dir} holds a nanoFP4 run (ckpt.pt): export into a folder of its own, "
+                      f"e.g. hf/{os.path.basename(os.path.normpath(hf_dir))}")
     ckpt = read_checkpoint(src)
     cfg = gpt_config(ckpt["model_args"])
     kind = hf_kind(cfg)

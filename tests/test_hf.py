@@ -4,11 +4,9 @@ import copy
 import dataclasses
 import json
 import os
-import random
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import checkpoint  # noqa: E402
 import fp4  # noqa: E402
 import hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -43,11 +42,11 @@ def save_ckpt(model, folder, meta=None):
     os.makedirs(folder, exist_ok=True)
     meta = meta or dict(tokenizer="char", vocab_size=len(ITOS), itos=ITOS,
                         stoi={c: i for i, c in enumerate(ITOS)})
-    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-               cuda=None)
-    torch.save(dict(model=model.state_dict(), optimizer={}, iter_num=7, best_val_loss=1.5,
-                    config=dict(recipe="ufp4"), model_args=dataclasses.asdict(model.config),
-                    recipe="ufp4", meta=meta, rng=[rng]), os.path.join(folder, "ckpt.pt"))
+    checkpoint.save_checkpoint(dict(model=model.state_dict(), optimizer={}, iter_num=7,
+                                    best_val_loss=1.5, config=dict(recipe="ufp4"),
+                                    model_args=dataclasses.asdict(model.config), recipe="ufp4",
+                                    meta=meta, rng=[checkpoint.rng_state()]),
+                               os.path.join(folder, "ckpt.pt"))
     return folder
 
 def logits(model, idx):
@@ -130,9 +129,21 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
     os.makedirs(tmp_path / "run")
     torch.save(dict(model=model.state_dict(), model_args=dataclasses.asdict(model.config),
                     extra=Evil()), str(tmp_path / "run" / "ckpt.pt"))
-    with pytest.raises(hf.HFError, match="weights-only"):
+    with pytest.raises(hf.HFError, match="holds Python objects other than tensors.*refusing"):
         hf.read_checkpoint(str(tmp_path / "run"))
     assert not (tmp_path / "pwned").exists()
+
+def test_export_checks_the_checkpoint_and_keeps_out_of_run_folders(tmp_path):
+    run = save_ckpt(small_model("llama"), str(tmp_path / "run"))
+    path = os.path.join(run, "ckpt.pt")
+    with pytest.raises(hf.HFError, match="holds a nanoFP4 run"):   # would overwrite its weights
+        hf.export(run, run)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01   # one bit inside the weights
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(hf.HFError, match="corrupt"):
+        hf.export(run, str(tmp_path / "hf"))
+    assert not os.path.exists(tmp_path / "hf")
 
 def hf_model(kind, tmp_path, **kw):
     """A small random transformers model saved to a folder, its weights perturbed."""
