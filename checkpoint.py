@@ -250,8 +250,9 @@ def _read(path, map_location="cpu"):
                                   f"values (a checkpoint of an older train.py, or not ours): "
                                   f"refusing to load it ({why})") from None
         if "Unsupported operand" in why:
-            raise CheckpointError(f"{path} is not a checkpoint (not a file torch.save wrote): name "
-                                  f"a ckpt.pt") from None
+            raise CheckpointError(f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): "
+                                  f"torch.save did not write it (a corrupt file, or another kind of "
+                                  f"file: name a ckpt.pt)") from None
         raise CheckpointError(f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): it "
                               f"is truncated or corrupt ({type(e).__name__}: {why})") from None
     missing = [k for k in CKPT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]

@@ -175,9 +175,14 @@ GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that re
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
                ("GH200", 989.0), ("B200", 2250.0), ("A100", 312.0))
 MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig))
-# on resume, the model, its data and its recipe come from the checkpoint unless given
+# on resume, the model, its data, its recipe and its training schedule come from the checkpoint
+# unless given (how this process runs them, e.g. device, compile or fsdp, does not)
 FROM_CHECKPOINT = tuple(k for k in MODEL_KEYS if k in DEFAULTS) + (
-    "dataset", "data_dir", "recipe", "sr_bits") + tuple(RECIPE_KEYS)
+    "dataset", "data_dir", "dataset_tokenizer", "recipe", "sr_bits") + tuple(RECIPE_KEYS) + (
+    "batch_size", "gradient_accumulation_steps", "learning_rate", "max_iters", "weight_decay",
+    "beta1", "beta2", "grad_clip", "lr_schedule", "warmup_iters", "lr_decay_iters", "min_lr",
+    "wsd_decay_frac", "seed", "eval_interval", "eval_iters", "log_interval", "nonfinite_policy",
+    "max_nonfinite", "telemetry_interval", "always_save_checkpoint")
 FP32_MAX = float(torch.finfo(torch.float32).max)
 _positive, _non_negative = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0")
 _unit = (lambda v: 0 <= v < 1, "in [0, 1)")

@@ -334,7 +334,7 @@ def test_resume_notes_a_changed_sr_bits(ds, tmp_path, kernels_at_8_bits, capsys)
     assert "trained with sr_bits=16, continuing with sr_bits=8" in capsys.readouterr().out
 
 def test_resume_and_eval_only_from_the_checkpoint_alone(ds, tmp_path, capsys):
-    """No config file and no model or data keys: they come from the checkpoint's config."""
+    """No config file and no model, data or schedule keys: they come from the checkpoint's config."""
     run(ds, tmp_path / "o", max_iters=4, eval_interval=2, recipe="ufp4", n_layer=3, n_embd=48,
         n_head=3, sr_bits=16, **MOE)
     capsys.readouterr()
@@ -343,6 +343,7 @@ def test_resume_and_eval_only_from_the_checkpoint_alone(ds, tmp_path, capsys):
     loss = train.main(bare + ["--eval_only"])
     out = capsys.readouterr().out
     assert "n_layer=3" in out and "recipe='ufp4'" in out and "sr_bits=16" in out and "n_expert=4" in out
+    assert "learning_rate=0.003" in out and "warmup_iters=2" in out and "seed=1" in out  # schedule
     assert math.isfinite(loss) and "1 process(es)" in out and "recipe ufp4" in out
     train.main(bare + ["--max_iters=6", "--eval_interval=2", "--learning_rate=1e-3"])
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
