@@ -239,6 +239,15 @@ def check_config(cfg):
         raise ConfigError(f"init_from={init!r}: {init[3:]} holds no config.json: name a local "
                           f"Hugging Face model directory")
     make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
+    if cfg["eval_only"] and init == "scratch":
+        raise ConfigError("eval_only=True would evaluate a freshly initialized model: add "
+                          "--init_from=resume (out_dir's ckpt.pt, or --resume_from=PATH)")
+    if cfg["min_lr"] > cfg["learning_rate"] and cfg["lr_schedule"] != "constant":
+        raise ConfigError(f"min_lr={cfg['min_lr']} is above learning_rate={cfg['learning_rate']}: "
+                          f"the decay would raise the learning rate")
+    if os.path.basename(cfg["dataset"]) != cfg["dataset"] or cfg["dataset"] in (".", ".."):
+        raise ConfigError(f"dataset={cfg['dataset']!r} must be a plain name (a folder under "
+                          f"data_dir): use --data_dir for another place")
     if cfg["fsdp"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
         raise ConfigError(f"fsdp=True does not run under CUDA graphs (compile_mode="
                           f"{cfg['compile_mode']!r}): FSDP2 gathers and frees weights in hooks "
@@ -604,6 +613,10 @@ def setup_model(run):
     if (c.batch_size * c.block_size) % 32 and run.recipe.quantized:
         run.log(f"note: {c.batch_size * c.block_size} tokens per micro-step are not a multiple of "
                 f"the Wgrad block: fp4 pads them with zero rows")
+    kept = run.recipe.bf16_blocks(c.n_layer)
+    if run.recipe.quantized and len(kept) == c.n_layer:
+        run.log(f"warning: recipe {run.recipe.name} keeps all {c.n_layer} blocks in bf16 (its "
+                f"first/last-block rule): no layer is quantized, the run is a bf16 run")
 
 
 def import_hf(run):
@@ -824,11 +837,11 @@ def describe_healthy(run):
 def save(run, val_loss, best):
     """Every rank's data/RNG streams gathered, rank 0 writes the checkpoint (and ckpt_best.pt
     when `best`); never from an unhealthy model. The decision is the same on every rank: the
-    losses are all-reduced and the weights equal."""
+    losses are all-reduced and the weights equal. Whether it saved."""
     why = unhealthy(run, val_loss)
     if why:
         run.log(f"warning: not saving at iter {run.iter_num}: {why}; {describe_healthy(run)}")
-        return
+        return False
     states = dict(rng=rng_state(), loader=run.train_loader.state_dict())
     gathered = [None] * run.world
     if run.ddp:
@@ -855,6 +868,7 @@ def save(run, val_loss, best):
         run.log(f"saved checkpoint {run.ckpt_path} at iter {run.iter_num}"
                 + (f" (and {BEST}: best val loss)" if best else ""))
     run.healthy = (run.ckpt_path, run.iter_num, val_loss)
+    return True
 
 # -----------------------------------------------------------------------------
 # evaluation
@@ -890,11 +904,13 @@ def evaluate(run):
     run.record(dict(type="eval", iter=run.iter_num, train_loss=losses["train"],
                     val_loss=losses["val"]))
     improved = losses["val"] < run.best_val_loss   # False for NaN
+    previous = run.best_val_loss
     if improved:
         run.best_val_loss = losses["val"]
     if (improved or run.c.always_save_checkpoint) and run.iter_num > run.start_iter \
             and not run.c.dry_run and run.c.checkpoint:
-        save(run, losses["val"], best=improved)
+        if not save(run, losses["val"], best=improved):
+            run.best_val_loss = previous   # the best is what ckpt_best.pt holds
     return losses
 
 # -----------------------------------------------------------------------------

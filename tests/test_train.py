@@ -874,6 +874,16 @@ def test_nonfinite_eval_loss_is_not_saved(ds, tmp_path, monkeypatch, capsys):
     assert "not saving at iter 2: its val loss is nan" in capsys.readouterr().out
     assert not (tmp_path / "ckpt.pt").exists()
 
+def test_an_unsaved_eval_is_not_the_best(ds, tmp_path, monkeypatch, capsys):
+    """A better val loss whose checkpoint was refused (inside a non-finite streak) is not the best:
+    the best is what ckpt_best.pt holds, in later checkpoints and in messages."""
+    fake_evals(monkeypatch, [3.0, 2.5, 2.4, 2.0, 2.7])
+    run(ds, tmp_path, max_iters=8, eval_interval=2, debug_nan_at_iter=5, debug_nan_iters=1,
+        max_nonfinite=10)
+    assert "not saving at iter 6" in capsys.readouterr().out
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["best_val_loss"] == 2.4
+    assert torch.load(tmp_path / "ckpt_best.pt", weights_only=True)["iter_num"] == 4
+
 def test_best_checkpoint_is_kept_apart_from_the_latest(ds, tmp_path, monkeypatch):
     fake_evals(monkeypatch, [3.0, 2.5, 2.0, 2.7, 2.9])
     run(ds, tmp_path, max_iters=8, eval_interval=2)
@@ -999,6 +1009,9 @@ def test_unknown_dataset_is_one_line(ds, tmp_path):
     ("--learning_rate=-1", r"learning_rate=-1.0 is out of range: it must be > 0"),
     ("--learning_rate=1e39", r"learning_rate=1e\+39 is out of range.*float32"),
     ("--learning_rate=1e999", r"learning_rate=inf must be a finite number"),
+    ("--min_lr=1.0", r"min_lr=1.0 is above learning_rate=.*the decay would raise"),
+    ("--eval_only=True", r"eval_only=True would evaluate a freshly initialized model.*--init_from=resume"),
+    ("--dataset=../etc", r"dataset='../etc' must be a plain name"),
     ("--beta2=1.5", r"beta2=1.5 is out of range: it must be in \[0, 1\)"),
     ("--eval_interval=0", r"eval_interval=0 is out of range"),
     ("--log_interval=0", r"log_interval=0 is out of range"),
