@@ -77,6 +77,10 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
+def _has_cuda():
+    import torch   # only here: the runs are train.py processes, this file needs no torch
+    return torch.cuda.is_available()
+
 # An arm is a name and the train.py overrides that make it.
 ARMS = {
     "bf16": {"recipe": "bf16"},
@@ -1219,6 +1223,8 @@ def main(argv):
         if extra:
             p.error(f"report takes only --out, --runs and --ref, got {extra}")
         if args.runs:
+            if not os.path.isfile(args.runs):
+                p.error(f"--runs={args.runs}: no such file (a .tar.gz that `ablate.py pack` wrote)")
             report_packed(args.runs, args.out, args.ref)
         elif os.path.isdir(os.path.join(args.out, "forks")):
             fork_report(args.out, args.ref)
@@ -1231,6 +1237,10 @@ def main(argv):
     args.arms = expand_arms(args.arms, p)
     if args.parallel < 1:
         p.error("--parallel must be at least 1")
+    if getattr(args, "eval_iters", 0) < 0:
+        p.error(f"--eval_iters must be >= 1 (0: the config's), got {args.eval_iters}")
+    if getattr(args, "gpus", "") and not _has_cuda():
+        p.error(f"--gpus={args.gpus}, but this machine has no CUDA GPU: leave --gpus out")
     if args.cmd == "fork":
         args.base_recipes = expand_arms(args.base_recipe, p)
         if args.ref not in ARMS:

@@ -60,12 +60,28 @@ def make_recipe_from(cfg):
 
 def build_model(ckpt, recipe, path="the checkpoint"):
     """The checkpoint's model with its weights, its linears quantized by `recipe`, on the CPU."""
-    model = fp4.convert(GPT(GPTConfig(**ckpt["model_args"])), recipe)
+    try:
+        model = fp4.convert(GPT(GPTConfig(**ckpt["model_args"])), recipe)
+    except ValueError as e:
+        raise ConfigError(f"{e}; recipes that fit the model in {path}: "
+                          f"{', '.join(fitting_recipes(ckpt['model_args']))}") from None
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
         raise CheckpointError(f"{path}: the weights do not fit the model: {e}") from e
     return model
+
+def fitting_recipes(model_args):
+    """The recipe presets whose blocks fit the model's widths (built on the meta device: free)."""
+    fits = []
+    for name in fp4.RECIPES:
+        with torch.device("meta"):
+            try:
+                fp4.convert(GPT(GPTConfig(**model_args)), name)
+                fits.append(name)
+            except ValueError:
+                pass
+    return fits
 
 # -----------------------------------------------------------------------------
 # RNG states as tensors and plain values (torch.load's weights_only=True refuses numpy arrays)
@@ -275,12 +291,20 @@ def load_checkpoint(path, map_location="cpu", flag="--resume_from"):
     """(checkpoint, the path it came from), loaded with weights_only=True and its checksum
     checked. A damaged file is refused with the readable alternatives named (as `flag`=PATH, or
     as paths where flag is None)."""
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a folder: name a checkpoint file, e.g. "
+                              f"{os.path.join(path, LATEST)}")
     if not os.path.exists(path):
         prev = prev_path(path)
         if os.path.exists(prev):   # a crash between the two renames of save_checkpoint
             print(f"warning: {path} is missing; using the previous checkpoint {prev}")
             return load_checkpoint(prev, map_location, flag)
-        raise CheckpointError(f"no checkpoint at {path}; train with --init_from=scratch first")
+        folder = os.path.dirname(path) or "."
+        there = sorted(f for f in os.listdir(folder) if f.endswith(".pt")) \
+            if os.path.isdir(folder) else []
+        raise CheckpointError(f"no checkpoint at {path}; " + (
+            f"{folder} holds {', '.join(there)}" if there else
+            "train with --init_from=scratch first"))
     try:
         return _read(path, map_location), path
     except CheckpointError as e:

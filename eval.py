@@ -168,7 +168,8 @@ def main(argv=None):
     else:
         ids, n_bytes, source = split_tokens(c, ckpt)
     if len(ids) < 2:
-        raise ConfigError(f"{source} has {len(ids)} token(s): at least 2 are needed to predict one")
+        held = f"--max_tokens={c['max_tokens']} keeps" if c["max_tokens"] else f"{source} has"
+        raise ConfigError(f"{held} {len(ids)} token(s): at least 2 are needed to predict one")
     block = ckpt["model_args"]["block_size"]
     print(f"# {path}: iter {ckpt['iter_num']}, recipe {rec.name}"
           + (" (the checkpoint's)" if not c["recipe"] else f" (trained with {ckpt['recipe']})"),

@@ -89,7 +89,7 @@ def get_format(fmt):
         return fmt
     if isinstance(fmt, str) and fmt in FORMATS:
         return FORMATS[fmt]
-    if isinstance(fmt, str) and fmt.count("/") == 2:
+    if isinstance(fmt, str) and fmt.count("/") == 2 and fmt.split("/")[1].isdigit():
         grid, block, scale = fmt.split("/")
         return Format(fmt, grid, int(block), scale)
     raise ValueError(f"unknown format {fmt!r}; valid names: {sorted(FORMATS)}, "

@@ -394,8 +394,13 @@ def load_hf(hf_dir, block_size=None):
     path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(path):
         raise HFError(f"no config.json in {hf_dir}: pass a Hugging Face model directory")
-    with open(path) as f:
-        conf = json.load(f)
+    try:
+        with open(path) as f:
+            conf = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HFError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(conf, dict):
+        raise HFError(f"{path} holds no JSON object: a Hugging Face model directory's config.json does")
     kind = conf.get("model_type")
     if kind not in ("llama", "gpt2"):
         raise HFError(f"model_type {kind!r} in {path}: import supports 'llama' and 'gpt2'")
@@ -420,6 +425,10 @@ USAGE = "usage: python hf.py export CKPT_OR_OUT_DIR HF_DIR [--dtype=float32|bflo
 def main(argv):
     opts = [a for a in argv if a.startswith("--")]
     args = [a for a in argv if not a.startswith("--")]
+    if args[:1] == ["import"]:
+        print("error: import runs in train.py: python train.py CONFIG --init_from=hf:HF_DIR "
+              "(fine-tunes the model in a recipe)", file=sys.stderr)
+        return 2
     if len(args) != 3 or args[0] != "export" or any(not o.startswith("--dtype=") for o in opts):
         print(__doc__.strip() if "--help" in opts or "-h" in argv else USAGE, file=sys.stderr)
         return 0 if "--help" in opts else 2

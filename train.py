@@ -532,8 +532,8 @@ def dataset_needs_build(c, path):
     inputs = [p for p in c.dataset_input.split(",") if p]
     for p in inputs:
         if not os.path.isfile(p):
-            raise ConfigError(f"dataset_input file {p!r} not found: give text files, "
-                              f"comma-separated")
+            raise ConfigError(f"dataset_input file {p!r} " + ("is a folder" if os.path.isdir(p)
+                              else "not found") + ": give text files, comma-separated")
     if inputs and c.dataset in data.DATASETS:
         check_named_copy(c.dataset, inputs)
     buildable = bool(inputs) or c.dataset in data.DATASETS

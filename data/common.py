@@ -379,7 +379,8 @@ def load_meta(path):
 def read_text_file(path):
     """The text of a UTF-8 file; a missing, binary or empty file is a one-line ValueError."""
     if not os.path.isfile(path):
-        raise ValueError(f"input file {path!r} not found")
+        raise ValueError(f"input file {path!r} " + ("is a folder: give a text file"
+                                                     if os.path.isdir(path) else "not found"))
     with open(path, "rb") as f:
         raw = f.read()
     try:

@@ -38,6 +38,21 @@ def test_checkpoints_load_with_weights_only(tmp_path):
     assert ck["checksum"] == checkpoint.checksum(ck)
 
 
+def test_a_folder_or_a_missing_file_names_what_is_there(tmp_path):
+    save_checkpoint(fake_ckpt(), str(tmp_path / "ckpt.pt"))
+    with pytest.raises(checkpoint.CheckpointError, match=r"is a folder: name a checkpoint file, "
+                                                         r"e.g. .*ckpt.pt"):
+        checkpoint.load_checkpoint(str(tmp_path))
+    with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint at .*ckpt_40.pt; .* holds "
+                                                         r"ckpt.pt"):
+        checkpoint.load_checkpoint(str(tmp_path / "ckpt_40.pt"))
+
+
+def test_fitting_recipes_of_a_model():
+    args = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=48)
+    assert checkpoint.fitting_recipes(args) == ["bf16", "ufp4", "e2m1", "nvfp4"]   # not 1x32 blocks
+
+
 def test_flipped_byte_in_tensor_data_is_refused_naming_the_backup(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     save_checkpoint(fake_ckpt(1.0), path)

@@ -28,13 +28,14 @@ def fetch(cache_dir=DEFAULT_CACHE_DIR):
     except RuntimeError as e:
         reason = str(e).splitlines()[0]
         raise RuntimeError(f"{reason}; offline, pass a local copy of tinyshakespeare with "
-                           f"--dataset_input=path/to/input.txt") from None
+                           f"--dataset_input=path/to/input.txt (train.py) or --input "
+                           f"path/to/input.txt (this script)") from None
     actual = sha256_file(path)
     if actual != SHA256:
         os.remove(path)
         raise RuntimeError(f"{URL} gave a file with sha256 {actual}, not tinyshakespeare's "
                            f"{SHA256} (removed it); pass a good copy with "
-                           f"--dataset_input=path/to/input.txt")
+                           f"--dataset_input=path/to/input.txt (train.py) or --input (this script)")
     return path
 
 
