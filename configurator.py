@@ -146,6 +146,15 @@ def check_device(device):
                           f"GPU(s): use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
 
 
+def check_backend(backend, device):
+    """backend='triton' needs a CUDA device (after check_device: 'auto' means cuda if present)."""
+    import torch
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if backend == "triton" and not cuda:
+        raise ConfigError("backend='triton' runs the Triton kernels on a CUDA GPU, and this run "
+                          "is on the CPU: use backend='auto' or 'torch'")
+
+
 def resolve_device(device, dtype):
     """'auto' made concrete: (cuda when present else cpu, bf16 on a GPU else fp32)."""
     import torch

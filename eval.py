@@ -29,8 +29,8 @@ import torch
 import data
 import fp4
 from checkpoint import LATEST, CheckpointError, load_model
-from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
-                          resolve_device, wants_help)
+from configurator import (ConfigError, check_backend, check_device, check_ranges, defaults_of,
+                          help_text, parse, resolve_device, wants_help)
 from data.common import encoder, read_text_file
 
 # -----------------------------------------------------------------------------
@@ -158,6 +158,7 @@ def main(argv=None):
     if c["text_file"] and "split" in given:
         raise ConfigError("give --text_file or --split, not both")
     check_device(c["device"])
+    check_backend(c["backend"], c["device"])
     fp4.set_backend(c["backend"])
     dev, dt = resolve_device(c["device"], c["dtype"])
     model, rec, ckpt, path = load_model(c["ckpt_path"] or os.path.join(c["out_dir"], LATEST),

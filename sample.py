@@ -16,8 +16,8 @@ import torch
 
 import fp4
 from checkpoint import CheckpointError, load_model
-from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
-                          resolve_device, wants_help)
+from configurator import (ConfigError, check_backend, check_device, check_ranges, defaults_of,
+                          help_text, parse, resolve_device, wants_help)
 from data.common import decoder, encoder
 
 # -----------------------------------------------------------------------------
@@ -62,6 +62,7 @@ def main(argv=None):
     c, _ = parse(argv, DEFAULTS, choices=CHOICES)
     check_ranges(c, RANGES)
     check_device(c["device"])
+    check_backend(c["backend"], c["device"])
     fp4.set_backend(c["backend"])
     dev, dt = resolve_device(c["device"], c["dtype"])
     prompt = read_prompt(c["start"])

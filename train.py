@@ -61,8 +61,8 @@ from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, WEIGHTS, C
                         claim_out_dir, load_checkpoint, lock_out_dir, make_recipe_from,
                         remove_run_files, rng_state, save_checkpoint, set_rng_state,
                         unlock_out_dir)
-from configurator import (ConfigError, check_device, check_ranges, defaults_of, help_text, parse,
-                          wants_help)
+from configurator import (ConfigError, check_backend, check_device, check_ranges, defaults_of,
+                          help_text, parse, wants_help)
 from data.common import decoder, sha256_file
 from model import GPT, GPTConfig
 
@@ -226,11 +226,7 @@ def check_config(cfg):
         if (cfg[key] or 0) > cfg["n_layer"]:
             raise ConfigError(f"{key}={cfg[key]} is more blocks than n_layer={cfg['n_layer']}")
     check_device(cfg["device"])
-    cuda = cfg["device"].startswith("cuda") or (cfg["device"] == "auto" and
-                                                 torch.cuda.is_available())
-    if cfg["backend"] == "triton" and not cuda:
-        raise ConfigError("backend='triton' runs the Triton kernels on a CUDA GPU, and this run "
-                          "is on the CPU: use backend='auto' or 'torch'")
+    check_backend(cfg["backend"], cfg["device"])
     init = cfg["init_from"]
     if init not in ("scratch", "resume") and not (init.startswith("hf:") and init[3:]):
         raise ConfigError(f"init_from={init!r}: use 'scratch', 'resume' or 'hf:DIR' (a local "
