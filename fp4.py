@@ -286,16 +286,25 @@ def quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed):
     rht_col = rht if rht_col == "same" else rht_col
     check_blockable(x, fmt, 1, rht)
     check_blockable(x, fmt_col, 0, rht_col)
-    pr, pc = (packed, packed) if isinstance(packed, bool) else tuple(packed)
+    pr, pc = _per_side(packed, bool, "packed")
     return fmt, fmt_col, rht, rht_col, pr, pc
+
+def _per_side(value, kind, name):
+    """(row, col) of quantize_both's per-side arguments: one value of `kind` for both sides, or a
+    pair."""
+    if value is None or isinstance(value, kind):
+        return value, value
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return tuple(value)
+    raise ValueError(f"{name} must be one value for both sides or a (row, col) pair, got {value!r}")
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
                   rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None):
     """A 2D tensor [M, K] quantized row-wise (blocks along dim 1) and column-wise (along dim 0),
     each side with its own format, rounding, RHT and seed (fmt_col, rounding_col: the row side's
     unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, quantize's where
-    `packed` (a bool, or one per side) says so, to_fp8's where `fp8` (None, or an FP8 dtype or
-    None per side) gives a dtype. Here two calls; kernels.py reads x once."""
+    `packed` (a bool, or one per side) says so, to_fp8's where `fp8` (an FP8 dtype, or one dtype
+    or None per side) gives a dtype. Here two calls; kernels.py reads x once."""
     fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
     kernels = kernels_for(x)
     if kernels:
@@ -348,8 +357,9 @@ def check_fp8(fmt, fp8):
     return fmt
 
 def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8):
-    """quantize_both's fp8 argument (None, or an FP8 dtype or None per side) checked: -> (row, col)."""
-    f8r, f8c = fp8 or (None, None)
+    """quantize_both's fp8 argument (None, an FP8 dtype for both sides, or one dtype or None per
+    side) checked: -> (row, col)."""
+    f8r, f8c = _per_side(fp8, torch.dtype, "fp8")
     for f, p, f8 in ((fmt, packed, f8r), (fmt_col, packed_col, f8c)):
         if f8 and p:
             raise ValueError("a side is either packed or FP8, not both")

@@ -233,6 +233,17 @@ def test_saturation_never_exceeds_grid():
             assert (y.abs().reshape(8, -1, 16) <= amax * (1 + 1e-6)).all()
 
 
+def test_quantize_both_takes_one_value_or_a_pair_per_side():
+    x = torch.randn(64, 64)
+    one = fp4.quantize_both(x, "mxfp4", fp8=fp4.E4M3)
+    pair = fp4.quantize_both(x, "mxfp4", fp8=(fp4.E4M3, fp4.E4M3))
+    assert all(torch.equal(a[0].float(), b[0].float()) and torch.equal(a[1], b[1])
+               for a, b in zip(one, pair))
+    for kw in (dict(packed=(True,)), dict(fp8=(fp4.E4M3,)), dict(fp8="e4m3")):
+        with pytest.raises(ValueError, match="one value for both sides or a \\(row, col\\) pair"):
+            fp4.quantize_both(x, "mxfp4", **kw)
+
+
 def test_quantize_both_is_the_two_one_sided_calls():
     x = torch.randn(32, 48)
     row, col = fp4.quantize_both(x, "ufp4", "nvfp4", "sr", "rtne", rht=16, rht_col=None, seed=5,
