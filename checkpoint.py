@@ -60,8 +60,9 @@ def make_recipe_from(cfg):
 
 def build_model(ckpt, recipe, path="the checkpoint"):
     """The checkpoint's model with its weights, its linears quantized by `recipe`, on the CPU."""
+    model = GPT(GPTConfig(**ckpt["model_args"]))
     try:
-        model = fp4.convert(GPT(GPTConfig(**ckpt["model_args"])), recipe)
+        model = fp4.convert(model, recipe)
     except ValueError as e:
         raise ConfigError(f"{e}; recipes that fit the model in {path}: "
                           f"{', '.join(fitting_recipes(ckpt['model_args']))}") from None
@@ -249,11 +250,15 @@ def _reason(e):
     """The informative line of a torch.load error (weights_only errors open with boilerplate that
     suggests weights_only=False, which would run whatever code the file holds)."""
     text = str(e).split("WeightsUnpickler error:")[-1]
+    head = ""
     if text.startswith("Weights only load failed"):
+        head = text[len("Weights only load failed."):].split("In PyTorch 2.6")[0].strip()
         text = text.split("trusted source.", 1)[-1]
     lines = [line.strip() for line in text.splitlines()
              if line.strip() and not line.strip().startswith(("Check the documentation", "Please file"))]
-    return lines[0].split(" was not an allowed global")[0] if lines else type(e).__name__
+    if not lines:
+        return head.splitlines()[0] if head else type(e).__name__
+    return lines[0].split(" was not an allowed global")[0]
 
 
 def _read(path, map_location="cpu"):
@@ -300,8 +305,10 @@ def load_checkpoint(path, map_location="cpu", flag="--resume_from"):
             print(f"warning: {path} is missing; using the previous checkpoint {prev}")
             return load_checkpoint(prev, map_location, flag)
         folder = os.path.dirname(path) or "."
-        there = sorted(f for f in os.listdir(folder) if f.endswith(".pt")) \
-            if os.path.isdir(folder) else []
+        try:
+            there = sorted(f for f in os.listdir(folder) if f.endswith(".pt"))
+        except OSError:   # no such folder, or not readable
+            there = []
         raise CheckpointError(f"no checkpoint at {path}; " + (
             f"{folder} holds {', '.join(there)}" if there else
             "train with --init_from=scratch first"))

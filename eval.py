@@ -169,7 +169,7 @@ def main(argv=None):
     else:
         ids, n_bytes, source = split_tokens(c, ckpt)
     if len(ids) < 2:
-        held = f"--max_tokens={c['max_tokens']} keeps" if c["max_tokens"] else f"{source} has"
+        held = f"--max_tokens={c['max_tokens']} keeps" if c["max_tokens"] == 1 else f"{source} has"
         raise ConfigError(f"{held} {len(ids)} token(s): at least 2 are needed to predict one")
     block = ckpt["model_args"]["block_size"]
     print(f"# {path}: iter {ckpt['iter_num']}, recipe {rec.name}"

@@ -1253,7 +1253,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant,
     quantize (if packed) or to_fp8 (if fp8) returns for dim=1 and dim=0 with that side's format,
     rounding, RHT and seed, the same bits as those two calls. packed: a bool, or one per side
-    (row, col); fp8: None, or one FP8 dtype (or None) per side."""
+    (row, col); fp8: None, an FP8 dtype for both sides, or one dtype (or None) per side."""
     fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
     f8r, f8c = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8)
     row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r)

@@ -252,6 +252,12 @@ def check_config(cfg):
         raise ConfigError(f"telemetry_interval needs the layers' Python to run in every step, "
                           f"which a replayed CUDA graph (compile_mode={cfg['compile_mode']!r}) "
                           f"skips: use compile_mode='default', or telemetry_interval=0")
+    formatted_out_dir(cfg)
+
+
+def formatted_out_dir(cfg):
+    """out_dir with its {key} templates filled in from the config; a one-line error if it is not
+    such a template or comes out empty."""
     try:
         out_dir = cfg["out_dir"].format(**cfg)
     except (KeyError, IndexError, ValueError) as e:
@@ -260,6 +266,7 @@ def check_config(cfg):
     if not out_dir.strip():
         raise ConfigError("out_dir is empty: name the folder for the checkpoints and log, "
                           "e.g. --out_dir=out/run")
+    return out_dir
 
 
 def configure(argv):
@@ -267,19 +274,25 @@ def configure(argv):
     config file or --key=value sets come from the checkpoint's config, so a run resumes (or is
     evaluated) from its checkpoint alone; the keys given still win, and are checked."""
     cfg, given = parse(argv, DEFAULTS, NULLABLE, CHOICES)
-    check_config(cfg)
-    cfg["out_dir"] = cfg["out_dir"].format(**cfg)
     if cfg["init_from"] != "resume":
+        check_config(cfg)
+        cfg["out_dir"] = formatted_out_dir(cfg)
         return cfg, None
+    cfg["out_dir"] = formatted_out_dir(cfg)   # the rest is checked once the checkpoint's keys are in
     ckpt, src = load_checkpoint(cfg["resume_from"] or os.path.join(cfg["out_dir"], LATEST))
     stored = ckpt["config"]
     taken = {k: stored[k] for k in FROM_CHECKPOINT
              if k not in given and k in stored and stored[k] != cfg[k]}
-    if taken:
-        cfg.update(taken)
+    cfg.update(taken)
+    if taken and int(os.environ.get("RANK", 0)) == 0:
+        print(f"from {src}: " + ", ".join(f"{k}={v!r}" for k, v in taken.items()), flush=True)
+    try:
         check_config(cfg)
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(f"from {src}: " + ", ".join(f"{k}={v!r}" for k, v in taken.items()), flush=True)
+    except ConfigError as e:
+        if not taken:
+            raise
+        raise ConfigError(f"{e} (with {', '.join(taken)} taken from {src}: give a key on the "
+                          f"command line to override it)") from None
     return cfg, (ckpt, src)
 
 
@@ -852,7 +865,8 @@ def save(run, val_loss, best):
     if run.master:
         save_checkpoint(dict(
             model=model_sd, optimizer=optim_sd,
-            iter_num=run.iter_num, best_val_loss=run.best_val_loss, config=run.cfg,
+            iter_num=run.iter_num, best_val_loss=val_loss if best else run.best_val_loss,
+            config=run.cfg,
             model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
             recipe_spec=repr(run.recipe), meta=run.meta, n_nonfinite=run.n_nonfinite,
             world_size=run.world, rng=[g["rng"] for g in gathered],
@@ -900,13 +914,11 @@ def evaluate(run):
     run.record(dict(type="eval", iter=run.iter_num, train_loss=losses["train"],
                     val_loss=losses["val"]))
     improved = losses["val"] < run.best_val_loss   # False for NaN
-    previous = run.best_val_loss
-    if improved:
+    saving = (improved or run.c.always_save_checkpoint) and run.iter_num > run.start_iter \
+        and not run.c.dry_run and run.c.checkpoint
+    saved = saving and save(run, losses["val"], best=improved)
+    if improved and (saved or not saving):   # the best is what ckpt_best.pt holds
         run.best_val_loss = losses["val"]
-    if (improved or run.c.always_save_checkpoint) and run.iter_num > run.start_iter \
-            and not run.c.dry_run and run.c.checkpoint:
-        if not save(run, losses["val"], best=improved):
-            run.best_val_loss = previous   # the best is what ckpt_best.pt holds
     return losses
 
 # -----------------------------------------------------------------------------

@@ -351,6 +351,18 @@ def test_resume_and_eval_only_from_the_checkpoint_alone(ds, tmp_path, capsys):
     with pytest.raises(train.CheckpointError, match=r"n_embd: 48 in the checkpoint, 96 now"):
         train.main(bare + ["--max_iters=8", "--n_embd=96"])   # a given key wins, and is checked
 
+def test_resume_checks_the_config_with_the_checkpoints_keys_in(ds, tmp_path):
+    """A key given on resume is checked against the checkpoint's other keys, not the defaults;
+    a conflict caused by a key taken from the checkpoint says where it came from."""
+    run(ds, tmp_path / "c", max_iters=2, eval_interval=2, lr_schedule="constant")
+    bare = [f"--out_dir={tmp_path / 'c'}", "--init_from=resume", "--device=cpu", "--backend=torch"]
+    train.main(bare + ["--learning_rate=1e-5", "--max_iters=3"])   # below the default min_lr: fine
+    run(ds, tmp_path / "m", max_iters=2, eval_interval=2, recipe="mxfp4", recipe_fp8_gemm=True)
+    with pytest.raises(train.ConfigError, match=r"fp8_gemm=True needs power-of-two.*with .*"
+                                                r"recipe_fp8_gemm.* taken from .*ckpt.pt"):
+        train.main([f"--out_dir={tmp_path / 'f'}", "--init_from=resume", "--device=cpu",
+                    f"--resume_from={tmp_path / 'm' / 'ckpt.pt'}", "--recipe=e2m1"])
+
 def test_flat_grads_accumulate_in_place_and_survive_the_optimizer():
     """train.flat_grads (CUDA graphs, DDP): backward adds into one flat buffer, the same
     gradients as usual, and AdamW plus zero_grad(set_to_none=False) keep them views of it."""
