@@ -514,6 +514,11 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     if bf16_last is not None:
         changes["bf16_last_fraction"] = 0.0
     out = replace(r, **changes)
+    moot = [k for k, v in dict(rht=rht, sr_dy=sr_dy, rht_size=rht_size, weight_2d=weight_2d,
+                               bf16_first=bf16_first, bf16_last=bf16_last).items() if v is not None]
+    if moot and not out.quantized:
+        raise ValueError(f"recipe {r.name!r} quantizes no GEMM, so {', '.join(moot)} would change "
+                         f"nothing: pick a 4-bit recipe (or a format: fmt / recipe_format)")
     if out.fp8_gemm and not fp8_capable(out):
         raise ValueError(f"fp8_gemm=True needs power-of-two (e8m0) block scales on all three GEMMs "
                          f"and 1D weight blocks; recipe {r.name!r} has formats "

@@ -281,8 +281,11 @@ def configure(argv):
     cfg["out_dir"] = formatted_out_dir(cfg)   # the rest is checked once the checkpoint's keys are in
     ckpt, src = load_checkpoint(cfg["resume_from"] or os.path.join(cfg["out_dir"], LATEST))
     stored = ckpt["config"]
+    # a fork into another recipe leaves the old recipe's ablation keys behind
+    other_recipe = "recipe" in given and cfg["recipe"] != stored.get("recipe")
     taken = {k: stored[k] for k in FROM_CHECKPOINT
-             if k not in given and k in stored and stored[k] != cfg[k]}
+             if k not in given and k in stored and stored[k] != cfg[k]
+             and not (other_recipe and k in RECIPE_KEYS)}
     cfg.update(taken)
     if taken and int(os.environ.get("RANK", 0)) == 0:
         print(f"from {src}: " + ", ".join(f"{k}={v!r}" for k, v in taken.items()), flush=True)

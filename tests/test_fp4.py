@@ -941,6 +941,9 @@ def test_uses_fp8_dispatch():
     assert fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=True), None, CPU)
     assert fp4._uses_fp8(fp4.make_recipe("mxint4", fp8_gemm=True), None, CPU)
     assert fp4._uses_fp8(fp4.make_recipe("ufp4", fmt="int4/16/e8m0", fp8_gemm=True), None, CPU)
+    with pytest.raises(ValueError, match="quantizes no GEMM, so rht, sr_dy would change nothing"):
+        fp4.make_recipe("bf16", rht="all", sr_dy=False)
+    assert fp4.make_recipe("bf16", fmt="ufp4", rht="all").quantized   # a format makes it 4-bit
     for name, kw in (("ufp4", {}), ("nvfp4", {}), ("bf16", {}), ("mxfp4", dict(weight_2d=True))):
         with pytest.raises(ValueError, match="fp8_gemm=True needs power-of-two"):
             fp4.make_recipe(name, fp8_gemm=True, **kw)

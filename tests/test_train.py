@@ -357,11 +357,16 @@ def test_resume_checks_the_config_with_the_checkpoints_keys_in(ds, tmp_path):
     run(ds, tmp_path / "c", max_iters=2, eval_interval=2, lr_schedule="constant")
     bare = [f"--out_dir={tmp_path / 'c'}", "--init_from=resume", "--device=cpu", "--backend=torch"]
     train.main(bare + ["--learning_rate=1e-5", "--max_iters=3"])   # below the default min_lr: fine
-    run(ds, tmp_path / "m", max_iters=2, eval_interval=2, recipe="mxfp4", recipe_fp8_gemm=True)
-    with pytest.raises(train.ConfigError, match=r"fp8_gemm=True needs power-of-two.*with .*"
-                                                r"recipe_fp8_gemm.* taken from .*ckpt.pt"):
-        train.main([f"--out_dir={tmp_path / 'f'}", "--init_from=resume", "--device=cpu",
-                    f"--resume_from={tmp_path / 'm' / 'ckpt.pt'}", "--recipe=e2m1"])
+    run(ds, tmp_path / "m", max_iters=2, eval_interval=2, recipe="mxfp4", recipe_fp8_gemm=True,
+        telemetry_interval=1)
+    fork = [f"--resume_from={tmp_path / 'm' / 'ckpt.pt'}", "--init_from=resume", "--device=cpu",
+            "--backend=torch", "--max_iters=3"]
+    train.main(fork + [f"--out_dir={tmp_path / 'f'}", "--recipe=e2m1"])   # fp8_gemm stays behind
+    assert torch.load(tmp_path / "f" / "ckpt.pt", weights_only=True)["config"]["recipe_fp8_gemm"] is None
+    with pytest.raises(train.ConfigError, match=r"telemetry_interval needs .*with .*"
+                                                r"telemetry_interval.* taken from .*ckpt.pt"):
+        train.main(fork + [f"--out_dir={tmp_path / 'g'}", "--compile=True",
+                           "--compile_mode=reduce-overhead"])
 
 def test_flat_grads_accumulate_in_place_and_survive_the_optimizer():
     """train.flat_grads (CUDA graphs, DDP): backward adds into one flat buffer, the same
