@@ -546,8 +546,9 @@ def dataset_needs_build(c, path):
         if not os.path.isfile(p):
             raise ConfigError(f"dataset_input file {p!r} " + ("is a folder" if os.path.isdir(p)
                               else "not found") + ": give text files, comma-separated")
+    digests = [sha256_file(p) for p in inputs]   # read once: the named-copy check and the cache key
     if inputs and c.dataset in data.DATASETS:
-        check_named_copy(c.dataset, inputs)
+        check_named_copy(c.dataset, inputs, digests)
     buildable = bool(inputs) or c.dataset in data.DATASETS
     if not all(os.path.exists(os.path.join(path, f)) for f in ("train.bin", "val.bin", "meta.json")):
         if not buildable:
@@ -564,19 +565,19 @@ def dataset_needs_build(c, path):
     if not inputs:
         return ""
     have = [i.get("sha256") for i in meta.get("inputs", [])], meta.get("tokenizer")
-    want = [sha256_file(p) for p in inputs], c.dataset_tokenizer
+    want = digests, c.dataset_tokenizer
     if have != want:
         return (f"it was built from other files or another tokenizer ({meta.get('tokenizer')}) "
                 f"than --dataset_input/--dataset_tokenizer give now: rebuilding")
     return ""
 
 
-def check_named_copy(name, inputs):
+def check_named_copy(name, inputs, digests):
     """--dataset_input with a named dataset takes only a local copy of that dataset's own source
     file (offline use; its prepare.py names the file's SHA256), never other text under its name:
     later runs of the name would train on that text."""
     want = getattr(importlib.import_module(f"data.{name}.prepare"), "SHA256", None)
-    if want and len(inputs) == 1 and sha256_file(inputs[0]) == want:
+    if want and digests == [want]:
         return
     source = f"; for {name} only a copy of its source file (sha256 {want[:12]}...) is taken" \
         if want else ""

@@ -40,16 +40,16 @@ def fetch(cache_dir=DEFAULT_CACHE_DIR):
 
 
 def prepare(out_dir=HERE, cache_dir=DEFAULT_CACHE_DIR, input_path=None, val_fraction=0.1):
-    if input_path and os.path.isfile(input_path) and sha256_file(input_path) != SHA256:
-        raise ValueError(f"{input_path} is not tinyshakespeare's input.txt (sha256 "
-                         f"{sha256_file(input_path)[:12]}..., not {SHA256[:12]}...): other text "
-                         f"gets a dataset of its own (data/prepare.py, or train.py --dataset=NAME "
-                         f"--dataset_input=FILE)")
-    path = input_path or fetch(cache_dir)
+    path = input_path or fetch(cache_dir)   # fetch checks the download's sha256
     text = clean_text(read_text_file(path))
+    digest = sha256_file(path)
+    if digest != SHA256:
+        raise ValueError(f"{input_path} is not tinyshakespeare's input.txt (sha256 "
+                         f"{digest[:12]}..., not {SHA256[:12]}...): other text gets a dataset of its "
+                         f"own (data/prepare.py, or train.py --dataset=NAME --dataset_input=FILE)")
     return write_dataset(out_dir, [(os.path.basename(path), text)], tokenizer="char",
                          val_fraction=val_fraction, source=f"tinyshakespeare from {input_path or URL}",
-                         inputs=[(input_path or URL, sha256_file(path))])
+                         inputs=[(input_path or URL, digest)])
 
 
 if __name__ == "__main__":
