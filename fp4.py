@@ -341,10 +341,14 @@ def fp8_scale(amax, fmt, fp8, rht=None):
     exceeds the bound, so one plain read of x sets the scale (docs/formats.md, FP8 GEMMs)."""
     amax = amax.float()
     top = block_scales(amax, GRIDS[get_format(fmt).grid], "e8m0")
-    exp = torch.frexp(top)[1] - 1 + fp8_bound(rht) - FP8_ROOM[fp8]
+    return torch.where(amax.isfinite(), _fp8_scale_above(top, fp8, fp8_bound(rht)), float("nan"))
+
+def _fp8_scale_above(top, fp8, bound=0):
+    """2^(log2 top + bound - FP8_ROOM[fp8]) for the largest block scale `top` (a power of two),
+    at least 2^FP8_MIN_EXP; 1 when top is 0."""
+    exp = torch.frexp(top)[1] - 1 + bound - FP8_ROOM[fp8]
     scale = torch.ldexp(torch.ones_like(top), exp.clamp(min=FP8_MIN_EXP))
-    scale = torch.where(top > 0, scale, 1.0)
-    return torch.where(amax.isfinite(), scale, float("nan"))
+    return torch.where(top > 0, scale, 1.0)
 
 def check_fp8(fmt, fp8):
     fmt = get_format(fmt)
@@ -383,6 +387,21 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
     scale = fp8_scale(x.abs().amax() if x.numel() else x.new_zeros(()), fmt, fp8, rht)
     values = (dequantize(q, torch.float32).movedim(dim, -1) / scale).to(fp8)
     return values.movedim(-1, dim), scale
+
+def fp8_from_packed(q, fp8=E4M3):
+    """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
+    them: values of q's shape with its blocked dim contiguous. values.float() * scale equals
+    dequantize(q) bit for bit except in blocks more than the FP8 window below q's largest block
+    (fp8_inexact_blocks). The scale is the one that largest block needs (to_fp8's, when no RHT
+    was applied). So an operand can wait for its FP8 GEMM packed: half a byte an element."""
+    check_fp8(q.fmt, fp8)
+    scales = q.scales.float()
+    top = scales.amax() if scales.numel() else scales.new_zeros(())
+    scale = torch.where(top.isnan(), float("nan"), _fp8_scale_above(top, fp8))
+    moved = (*q.shape[:q.dim], *q.shape[q.dim + 1:], q.shape[q.dim])  # the codes' layout
+    # dequantize divides by a tensor scale: the FP8 scale takes that place
+    values = dequantize(replace(q, tensor_scale=scale, shape=moved, dim=len(moved) - 1), fp8)
+    return values.movedim(-1, q.dim), scale
 
 def fp8_inexact_blocks(values, scale, fake, fmt, dim=-1):
     """(blocks where values * scale differs from fake_quant's `fake`, blocks): the blocks that fell
@@ -655,15 +674,17 @@ def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
     return q
 
 def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
-    """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col,
-    both FP8 where fp8): on the Triton path from one read of t (kernels.quantize_both, the same
-    bits as two calls) when both sides quantize; else two calls."""
+    """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col;
+    fp8: None, or the (row, col) FP8 dtypes, None for a side not in FP8): on the Triton path from
+    one read of t (kernels.quantize_both, the same bits as two calls) when both sides quantize;
+    else two calls."""
+    f8r, f8c = fp8 or (None, None)
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = (_qparams(o.gemm, recipe, o.sr, o.weight) for o in (row, col))
         return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
-                             fp8 and (fp8, fp8))
-    return (_operand(t, row, recipe, -1, dtype, tag, fp8=fp8),
-            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=fp8))
+                             (f8r, f8c))
+    return (_operand(t, row, recipe, -1, dtype, tag, fp8=f8r),
+            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c))
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -778,34 +799,34 @@ def _gemm(a, b, offs, dtype, fp32=False):
     return _mm(a, b, offs, fp32)
 
 def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None):
-    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x), quantized
-    along the padded tokens now, while x is at hand, so x need not be kept: a QTensor, or on FP8
-    GEMMs (fp8: x and W in e4m3) its FP8 (values, scale). wq: Q(W) as FP4Linear.cache_weight
-    made it, else W is quantized here."""
+    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x) as a QTensor,
+    quantized along the padded tokens now, while x is at hand, so x need not be kept (on FP8
+    GEMMs too: backward turns it into FP8 with fp8_from_packed). fp8: x and W in e4m3. wq: Q(W)
+    as FP4Linear.cache_weight made it, else W is quantized here."""
     op = _operands(recipe, seeds)
     e4 = E4M3 if fp8 else None
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     if packs and _unpadded(x, counts, recipe, dtype):
-        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=not fp8, fp8=e4)
+        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True, fp8=(e4, None))
     else:
         xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
         if packs:
             xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
-                          _wgrad_dtype(x, dtype), tag, packed=not fp8, fp8=e4)
+                          _wgrad_dtype(x, dtype), tag, packed=True)
     wq = wq if wq is not None else _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
     return _gemm(xq, _t(wq), _group_ends(counts), dtype), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
               fp8=False, wq=None):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
-    tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as forward saved it (_forward). On FP8 GEMMs
+    tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) packed as forward saved it. On FP8 GEMMs
     (fp8) dy is e5m2 (gradients need its range), W and x e4m3. wq: Dgrad's Q(W) if cached."""
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
-        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=e5)
+        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=(e5, e5))
     elif need_dx:
         dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
     if need_dx:
@@ -817,13 +838,20 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         if dyq_w is None:
             dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
         if isinstance(x_or_q, QTensor):
-            xq = dequantize(x_or_q, wdtype)
-        elif isinstance(x_or_q, tuple):
-            xq = x_or_q
+            xq = _fp8_of_saved(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
         else:
             xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag, fp8=e4)
         dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True).to(weight.dtype)
     return dx, dw
+
+def _fp8_of_saved(q, tag):
+    """Wgrad's saved packed x as its e4m3 GEMM operand; inside probe_alphas() its blocks out of
+    the FP8 window are added to the wgrad_x record its forward made."""
+    values, scale = fp8_from_packed(q, E4M3)
+    if PROBE is not None and (tag, "wgrad_x") in PROBE:
+        inexact, blocks = fp8_inexact_blocks(values, scale, dequantize(q, torch.float32), q.fmt, q.dim)
+        PROBE[(tag, "wgrad_x")][3:] += torch.stack([inexact.double(), inexact.new_tensor(blocks).double()])
+    return values, scale
 
 def _seed_device(x):
     """Where a layer's SR seeds live: the GPU for the Triton kernels (they read them there), the
@@ -859,18 +887,16 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
                tag: str, pack_x: bool, weight_q: list[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
-    tensor scale (empty tensors where there is none); on the FP8 path its FP8 values [in, T] and
-    scale in the first two. weight_q: [] or the weight's cached FP8 operands (_cached_pairs)."""
+    tensor scale (empty tensors where there is none). weight_q: [] or the weight's cached FP8
+    operands (_cached_pairs)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device),
                     _cached_pairs(weight_q)[0])
-    if isinstance(q, QTensor):
-        saved = q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
-    else:  # FP8 (values [T, in], scale): saved as [in, T] rows
-        saved = q and (q[0].t(), q[1], none(torch.float32))
-    return y, seed, *(saved or (none(torch.uint8), none(torch.float32), none(torch.float32)))
+    if q is None:
+        return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
+    return y, seed, q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
 
 @_linear_op.register_fake
 def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
@@ -882,18 +908,13 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
     n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
-    if _uses_fp8(r, counts, x.device):
-        return y, seed, empty(x.shape[1], n, dt=E4M3), empty(), empty(0)
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
             empty() if fmt.scale == "e4m3" else empty(0))
 
-def _saved_x(x_saved, recipe, x_dtype, fp8):
-    """Wgrad's x as forward saved it: [x] -> x; [codes, scales, tensor scale] -> its QTensor; on
-    FP8 GEMMs [values [in, T], scale, empty] -> (values [T, in], scale)."""
+def _saved_x(x_saved, recipe, x_dtype):
+    """Wgrad's x as forward saved it: [x] -> x; [codes, scales, tensor scale] -> its QTensor."""
     if len(x_saved) == 1:
         return x_saved[0]
-    if fp8:
-        return x_saved[0].t(), x_saved[1]
     codes, scales, s_enc = x_saved
     fmt, _, rht = _qparams(recipe.wgrad, recipe, recipe.wgrad.sr_b)
     return QTensor(codes, scales, s_enc if s_enc.numel() else None, fmt,
@@ -904,12 +925,11 @@ def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: 
                         x_saved: list[_Tensor], weight_q: list[_Tensor], recipe: str,
                         dtype: torch.dtype, x_dtype: torch.dtype, tag: str, need_dx: bool,
                         need_dw: bool) -> tuple[_Tensor, _Tensor]:
-    """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale], or
-    on the FP8 path [FP8 values [in, T], scale, empty]. weight_q: as _linear_op's."""
+    """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale].
+    weight_q: as _linear_op's."""
     r = _RECIPES_BY_KEY[recipe]
-    fp8 = _uses_fp8(r, counts, dy.device)
-    dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype, fp8), r, dtype, x_dtype,
-                       tag, seed, need_dx, need_dw, fp8, _cached_pairs(weight_q)[1])
+    dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype, tag, seed,
+                       need_dx, need_dw, _uses_fp8(r, counts, dy.device), _cached_pairs(weight_q)[1])
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))
 
@@ -1015,7 +1035,7 @@ class FP4Linear(_Quantized, nn.Linear):
         op = _operands(r, torch.zeros(6, dtype=torch.int64))
         with torch.no_grad():
             (wf, sf), (wd, sd) = _operand_pair(self.weight.detach(), op.fprop_w, op.dgrad_w, r,
-                                               torch.float32, self.tag, fp8=E4M3)
+                                               torch.float32, self.tag, fp8=(E4M3, E4M3))
         for name, t in zip(self.CACHE, (wf, sf, wd, sd)):
             old = getattr(self, name)
             if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.stride() == t.stride():

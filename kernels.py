@@ -1320,7 +1320,8 @@ def dequantize(q, dtype=None):
     B = math.prod(shape[dim + 1:])
     K = shape[dim]
     out_dtype = dtype or q.dtype
-    kdtype = torch.float32 if INTERPRET or out_dtype not in (torch.bfloat16, torch.float16) else out_dtype
+    direct = (torch.bfloat16, torch.float16, fp4.E4M3, fp4.E5M2)  # the kernel's store rounds (RTNE)
+    kdtype = out_dtype if out_dtype in direct and not INTERPRET else torch.float32
     out = torch.empty(shape, device=q.codes.device, dtype=kdtype)
     trans = B > 1
     NR, Ab = (B, A) if trans else (A, 1)

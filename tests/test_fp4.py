@@ -901,6 +901,45 @@ def test_to_fp8_counts_the_blocks_below_its_window():
         assert (v.float() * s != fake)[1, :32].any().item() == bool(expect)
 
 
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4", "int4/16/e8m0"])
+@pytest.mark.parametrize("fp8", [fp4.E4M3, fp4.E5M2])
+@pytest.mark.parametrize("dim,rht", [(-1, None), (0, None), (0, 16), (-1, 32)])
+def test_fp8_from_packed_is_the_packed_operand_times_a_power_of_two(name, fp8, dim, rht):
+    """values * scale == dequantize(q) bit for bit, laid out as to_fp8's; without an RHT it is
+    to_fp8's result itself; with one, its scale is the largest block's, at most to_fp8's (which
+    bounds the RHT's growth from max |x| before it)."""
+    torch.manual_seed(5)
+    x = torch.randn(64, 96) * torch.exp2(torch.randint(-6, 6, (64, 1)).float())
+    q = fp4.quantize(x, name, dim=dim, rht=rht)
+    v, s = fp4.fp8_from_packed(q, fp8)
+    rv, rs = fp4.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8)
+    assert v.dtype == fp8 and v.shape == x.shape and v.stride() == rv.stride()
+    assert torch.equal(v.float() * s, fp4.dequantize(q, torch.float32))
+    if rht is None:
+        assert torch.equal(v.float(), rv.float()) and torch.equal(s, rs)
+    else:
+        assert s <= rs and torch.frexp(s)[0].item() == 0.5
+        assert q.scales.amax() * 2 ** -fp4.FP8_ROOM[fp8] == s
+
+
+def test_fp8_from_packed_edges():
+    """Blocks 2^20 below the largest are counted out of e4m3's window, not of e5m2's; a zero
+    tensor gets scale 1; a NaN block a NaN scale (never a finite one); formats without
+    power-of-two scales are refused."""
+    x = torch.randn(4, 64)
+    x[1, :32] *= 2.0 ** -20
+    q = fp4.quantize(x, "mxint4")
+    for fp8, expect in ((fp4.E4M3, 1), (fp4.E5M2, 0)):
+        v, s = fp4.fp8_from_packed(q, fp8)
+        assert fp4.fp8_inexact_blocks(v, s, fp4.dequantize(q, torch.float32), "mxint4")[0].item() == expect
+    v, s = fp4.fp8_from_packed(fp4.quantize(torch.zeros(32, 64), "mxfp4", dim=0))
+    assert s.item() == 1.0 and not v.float().any()
+    x[2, 3] = float("nan")
+    assert fp4.fp8_from_packed(fp4.quantize(x, "mxint4"))[1].isnan()
+    with pytest.raises(ValueError, match="power-of-two"):
+        fp4.fp8_from_packed(fp4.quantize(x, "ufp4"))
+
+
 def test_fp8_scale_edges():
     scale = lambda amax, fp8=fp4.E4M3, rht=None: fp4.fp8_scale(torch.tensor(amax), "mxint4", fp8, rht).item()  # noqa: E731
     assert scale(0.0) == 1.0
@@ -955,8 +994,9 @@ def test_uses_fp8_dispatch():
                                                  ("mxint4", 50, True), ("mxfp4", 64, False)])
 def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):
     """Same operands, fp32 products on the CPU: y, dx and dW agree bit for bit (tokens that fill
-    no whole Wgrad block pad; a frozen weight needs no Wgrad); the backward keeps Wgrad's x as FP8
-    (1 byte an element, not the 2 of x)."""
+    no whole Wgrad block pad; a frozen weight needs no Wgrad); the backward keeps Wgrad's x packed
+    (half a byte an element and a scale per block, as on bf16 GEMMs) and makes its FP8 operand
+    when it needs it."""
     x = torch.randn(tokens, 96)
     w = torch.randn(128, 96)
     outs = []
@@ -970,7 +1010,9 @@ def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):
     for a, b in zip(*outs):
         assert (a is None and b is None and not train_w) or torch.equal(a, b)
     lin = fp4.FP4Linear(96, 128, bias=False, recipe=fp4.make_recipe(name, fp8_gemm=True))
-    assert fp4.saved_bytes(lin, torch.randn(64, 96)) == 64 * 96 + 4 + 6 * 8  # FP8 x, scale, seeds
+    packed = fp4.FP4Linear(96, 128, bias=False, recipe=name)
+    for layer in (lin, packed):  # codes, fp32 block scales, SR seeds
+        assert fp4.saved_bytes(layer, torch.randn(64, 96)) == 64 * 96 // 2 + 64 // 32 * 96 * 4 + 6 * 8
 
 
 def test_cache_weights_equals_quantizing_per_call():
@@ -1010,9 +1052,17 @@ def test_cache_weights_equals_quantizing_per_call():
 
 
 def test_fp8_telemetry_reports_the_window():
+    """Every operand of a layer on FP8 GEMMs reports its blocks out of the window; Wgrad's x (kept
+    packed, turned into FP8 in backward) among them: one of its 6 x 3 blocks along the tokens."""
     x, w = torch.randn(64, 96, requires_grad=True), torch.randn(128, 96, requires_grad=True)
     for name, expect in ((fp4.make_recipe("mxfp4", fp8_gemm=True), 0.0), ("ufp4", None)):
         with fp4.probe_alphas() as p:
             fp4.fp4_linear(x, w, name, tag="l").sum().backward()
         summary = fp4.probe_summary(p)
         assert {v["l"][2] for v in summary.values()} == {expect}
+    with torch.no_grad():
+        x[32:, 5] *= 2.0 ** -30  # one block of Wgrad's x (feature 5, tokens 32-63), not of Fprop's
+    with fp4.probe_alphas() as p:
+        fp4.fp4_linear(x, w, fp4.make_recipe("mxfp4", fp8_gemm=True, rht="none"), tag="l").sum().backward()
+    summary = fp4.probe_summary(p)
+    assert summary["wgrad_x"]["l"][2] == 1 / (96 * 2) and summary["fprop_x"]["l"][2] == 0.0

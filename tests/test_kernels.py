@@ -950,6 +950,37 @@ def test_to_fp8_zero_empty_and_nonfinite_tensors(special):
         assert torch.equal(bits(v), bits(rv))
 
 
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
+def test_fp8_from_packed_through_kernels(name, monkeypatch):
+    """fp4.fp8_from_packed with kernels.dequantize writing the FP8 values: the reference's bits and
+    scale, blocks out of e4m3's window included (rows over 2^-12..2^12, one block 2^-30 below)."""
+    x = torch.randn(64, 96) * torch.exp2(torch.randint(-12, 12, (64, 1)).float())
+    x[:32, 7] *= 2.0 ** -30
+    for dim, rht, fp8 in ((0, 16, fp4.E4M3), (-1, None, fp4.E5M2), (0, None, fp4.E4M3)):
+        q = fp4.quantize(x, name, dim=dim, rht=rht)
+        want = fp4.fp8_from_packed(q, fp8)
+        with monkeypatch.context() as m:
+            m.setattr(fp4, "kernels_for", lambda t: kernels)
+            got = fp4.fp8_from_packed(q, fp8)
+        assert got[0].stride() == want[0].stride()
+        assert_same(got[0], want[0], f"{name} dim={dim} values")
+        assert_same(got[1], want[1], f"{name} dim={dim} scale")
+
+
+def test_fp8_layer_through_kernels_keeps_x_packed(monkeypatch):
+    """A layer on FP8 GEMMs through kernels.py: Wgrad's x saved packed, turned into FP8 by the
+    dequantize kernel in backward: the reference's y, dx, dW bits, with x read once for Fprop's
+    FP8 operand and Wgrad's packed one (64 tokens) or twice (40, padded for Wgrad)."""
+    r = fp4.make_recipe("mxint4", fp8_gemm=True, sr_dy=False)
+    for tokens in (64, 40):
+        want = _layer_grads(r, None, tokens)
+        with monkeypatch.context() as m:
+            m.setattr(fp4, "kernels_for", lambda t: kernels)
+            got = _layer_grads(r, None, tokens)
+        for a, b, nm in zip(got, want, ("y", "dx", "dW")):
+            assert_same(a, b, f"{tokens} tokens {nm}")
+
+
 def test_quantize_both_rejects_a_side_both_packed_and_fp8():
     for mod in (kernels, fp4):
         with pytest.raises(ValueError, match="packed or FP8"):

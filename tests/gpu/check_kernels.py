@@ -277,9 +277,9 @@ def wide_rows(sz):  # the default row tiles at 3072 wide: 4 x 1024 (mode 2 for M
         same(sr[0], sr[1], f"{name} SR row: default tile == plain loads (same random bits)")
 
 
-def linear_backends(sz, recipe_name, sr):
+def linear_backends(sz, recipe_name, sr, fp8=False):
     T, IN, OUT = sz.linear
-    recipe = fp4.make_recipe(recipe_name, sr_dy=sr)
+    recipe = fp4.make_recipe(recipe_name, sr_dy=sr, fp8_gemm=fp8 or None)
     torch.manual_seed(0)
     lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
     x = randn(T, IN, seed=10, dtype=torch.float32) * 0.01
@@ -347,6 +347,25 @@ def fp8_operands(sz):
     fb = kernels.fake_quant(x, "mxint4", dim=0, rht=16, rounding="sr", seed=3, dtype=torch.float32)
     same(a.float() * sa, fa, "pair row (SR) vs fake_quant")
     same(b.float() * sb, fb, "pair col (SR, RHT) vs fake_quant")
+
+
+def fp8_from_packed(sz):
+    """Wgrad's packed x turned into its FP8 operand (the dequantize kernel stores FP8 directly)
+    == the reference bit for bit, values and scale; the rows spread over 2^-12..2^12 put blocks
+    out of e4m3's window (counted by the layer, here the same bits all the same)."""
+    x = randn(*sz.tall, seed=25)
+    spread = (x.float() * torch.exp2(torch.randint(-12, 12, (x.shape[0], 1), device=DEV).float())).bfloat16()
+    for name in ("mxfp4", "mxint4"):
+        for t, tn in ((x, "gaussian"), (spread, "rows over 24 binades")):
+            for f8 in (fp4.E4M3, fp4.E5M2):
+                for dim, rht in ((0, None), (0, 16), (-1, None)):
+                    what = f"{name} {tn} {f8} dim={dim} rht={rht}"
+                    q = kernels.quantize(t, name, dim=dim, rht=rht)
+                    v, s = fp4.fp8_from_packed(q, f8)
+                    rv, rs = ref(fp4.fp8_from_packed, q, f8)
+                    assert v.stride() == rv.stride(), f"{what}: strides {v.stride()} vs {rv.stride()}"
+                    same(v.view(torch.uint8), rv.view(torch.uint8), what)
+                    same(s, rs, what + " scale")
 
 
 def fp8_gemm_exact(sz):
@@ -435,6 +454,10 @@ def run_all(sz):
     check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT)",
           lambda: fp8_operands(sz))
     check("FP8 GEMM vs the exact product of its operands (fc2 shape)", lambda: fp8_gemm_exact(sz))
+    check("fp8_from_packed == reference (mxfp4, mxint4; e4m3, e5m2; both dims, RHT)",
+          lambda: fp8_from_packed(sz))
+    check("FP4Linear mxint4 on FP8 GEMMs triton == torch (y, dx, dW; Wgrad x packed), no SR",
+          lambda: linear_backends(sz, "mxint4", False, fp8=True))
     for rn in ("mxfp4", "mxint4"):
         check(f"FP4Linear {rn} on FP8 GEMMs == on bf16 GEMMs (to bf16 rounding), no SR",
               lambda: fp8_layer(sz, rn))
