@@ -395,6 +395,9 @@ def fp8_from_packed(q, fp8=E4M3):
     (fp8_inexact_blocks). The scale is the one that largest block needs (to_fp8's, when no RHT
     was applied). So an operand can wait for its FP8 GEMM packed: half a byte an element."""
     check_fp8(q.fmt, fp8)
+    kernels = kernels_for(q.codes)
+    if kernels:
+        return kernels.fp8_from_packed(q, fp8)
     scales = q.scales.float()
     top = scales.amax() if scales.numel() else scales.new_zeros(())
     scale = torch.where(top.isnan(), float("nan"), _fp8_scale_above(top, fp8))

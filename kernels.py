@@ -46,6 +46,7 @@ AVAILABLE is True when triton imports and a CUDA device exists. Under TRITON_INT
 same functions run on CPU tensors (what the tests run).
 """
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -1266,15 +1267,21 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
 # 4. Dequantize (fp4.dequantize)
 
 @triton.jit
-def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, stride_ok,
+def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, stride_ok, fp8_scale_ptr,
                     BR: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr, B2D: tl.constexpr,
-                    HAS_TS: tl.constexpr, TRANS: tl.constexpr, E2M1: tl.constexpr, NSEG: tl.constexpr,
+                    HAS_TS: tl.constexpr, TRANS: tl.constexpr, FP8_ROOM: tl.constexpr,
+                    E2M1: tl.constexpr, NSEG: tl.constexpr,
                     S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
                     ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
-    """codes [A, NR, NK/2] + scales -> values in the original layout (batch a, strides)."""
+    """codes [A, NR, NK/2] + scales -> values in the original layout (batch a, strides). FP8_ROOM
+    (fp8_from_packed): ts_ptr holds the largest block scale's bits; the values are divided by the
+    FP8 scale it gives (a power of two: a multiply), which the first program stores."""
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     a = tl.program_id(2).to(tl.int64)
+    if FP8_ROOM:
+        first = (pid_r == 0) & (pid_k == 0) & (a == 0)
+        inv = _fp8_inv(ts_ptr, fp8_scale_ptr, 0, FP8_ROOM, first)
     rr = pid_r * BR + tl.arange(0, BR)
     kh = pid_k * (BK // 2) + tl.arange(0, BK // 2)
     m2 = (rr[:, None] < NR) & (kh[None, :] < NK // 2)
@@ -1299,6 +1306,8 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
     if HAS_TS:
         v = _div(v, tl.broadcast_to(tl.div_rn(tl.zeros_like(st) + 1.0, st), [BR, BK]),
                  tl.broadcast_to(-st, [BR, BK]))
+    if FP8_ROOM:
+        v = v * inv
     out = (v.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
     kk = pid_k * BK + tl.arange(0, BK)
     if TRANS:
@@ -1314,6 +1323,38 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
 
 def dequantize(q, dtype=None):
     """fp4.dequantize: QTensor -> tensor of the original shape (contiguous), in dtype or q.dtype."""
+    return _dequantize(q, dtype)
+
+
+@triton.jit
+def _scales_max_kernel(scales_ptr, n, top_ptr, BLOCK: tl.constexpr):
+    """The largest of n non-negative fp32 block scales (NaN if any is) into top_ptr's int32 bits."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    s = tl.load(scales_ptr + offs, mask=offs < n, other=0.0)
+    _atomic_max_bits(top_ptr, _amax(s, 0))
+
+
+def fp8_from_packed(q, fp8=fp4.E4M3):
+    """fp4.fp8_from_packed: one pass over the block scales for the largest, then the dequantize
+    kernel writes the FP8 values and the scale (two launches: this runs once per layer in every
+    backward, where a chain of small torch ops cost more than the conversion itself)."""
+    fp4.check_fp8(q.fmt, fp8)
+    dev = q.codes.device
+    top = torch.zeros(1, device=dev, dtype=torch.int32)
+    scale = torch.ones((), device=dev, dtype=torch.float32)  # stays 1 for an empty tensor
+    n = q.scales.numel()
+    if n:
+        _launch(_scales_max_kernel, (_cdiv(n, 1024),), (q.scales.contiguous(), n, top),
+                dict(BLOCK=1024, num_warps=4))
+    moved = (*q.shape[:q.dim], *q.shape[q.dim + 1:], q.shape[q.dim])  # the codes' layout
+    blocked = dataclasses.replace(q, tensor_scale=None, shape=moved, dim=len(moved) - 1)
+    values = _dequantize(blocked, fp8, fp8_top=(top, scale, fp4.FP8_ROOM[fp8]))
+    return values.movedim(-1, q.dim), scale
+
+
+def _dequantize(q, dtype, fp8_top=None):
+    """dequantize; fp8_top (fp8_from_packed): (largest block scale's bits, the FP8 scale's
+    output, FP8_ROOM) for values divided by that scale."""
     fmt = q.fmt
     shape, dim = q.shape, q.dim
     A = math.prod(shape[:dim])
@@ -1333,11 +1374,13 @@ def dequantize(q, dtype=None):
     codes = q.codes.contiguous()
     scales = q.scales.contiguous()
     ts = q.tensor_scale if q.tensor_scale is not None else scales
+    ts, fp8_scale, room = fp8_top or (ts, scales, 0)
     grid = (_cdiv(NR, BR), _cdiv(K, BK), Ab)
     if out.numel():
-        _launch(_dequant_kernel, grid, (codes, scales, ts, out, NR, K, 1 if trans else K, B if trans else 1),
+        _launch(_dequant_kernel, grid, (codes, scales, ts, out, NR, K, 1 if trans else K,
+                                        B if trans else 1, fp8_scale),
                 dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
-                     HAS_TS=q.tensor_scale is not None, TRANS=trans,
+                     HAS_TS=q.tensor_scale is not None, TRANS=trans, FP8_ROOM=room,
                      num_warps=4, enable_fp_fusion=False, **_grid_meta(fmt.grid)))
     return out if out.dtype == out_dtype else out.to(out_dtype)
 

@@ -952,11 +952,17 @@ def test_to_fp8_zero_empty_and_nonfinite_tensors(special):
 
 @pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
 def test_fp8_from_packed_through_kernels(name, monkeypatch):
-    """fp4.fp8_from_packed with kernels.dequantize writing the FP8 values: the reference's bits and
-    scale, blocks out of e4m3's window included (rows over 2^-12..2^12, one block 2^-30 below)."""
+    """kernels.fp8_from_packed (the scales' max, then the dequantize kernel writing the FP8 values
+    and the scale): the reference's bits and scale, blocks out of e4m3's window included (rows
+    over 2^-12..2^12, one block 2^-30 below); zero, empty and NaN tensors."""
     x = torch.randn(64, 96) * torch.exp2(torch.randint(-12, 12, (64, 1)).float())
     x[:32, 7] *= 2.0 ** -30
-    for dim, rht, fp8 in ((0, 16, fp4.E4M3), (-1, None, fp4.E5M2), (0, None, fp4.E4M3)):
+    nan = x.clone()
+    nan[5, 9] = float("nan")
+    cases = [(x, 0, 16, fp4.E4M3), (x, -1, None, fp4.E5M2), (x, 0, None, fp4.E4M3),
+             (torch.zeros(64, 32), 0, None, fp4.E4M3), (torch.zeros(0, 32), -1, None, fp4.E4M3),
+             (nan, 0, None, fp4.E5M2)]
+    for x, dim, rht, fp8 in cases:
         q = fp4.quantize(x, name, dim=dim, rht=rht)
         want = fp4.fp8_from_packed(q, fp8)
         with monkeypatch.context() as m:
