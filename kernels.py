@@ -1344,7 +1344,7 @@ def fp8_from_packed(q, fp8=fp4.E4M3):
     scale = torch.ones((), device=dev, dtype=torch.float32)  # stays 1 for an empty tensor
     n = q.scales.numel()
     if n:
-        _launch(_scales_max_kernel, (_cdiv(n, 1024),), (q.scales.contiguous(), n, top),
+        _launch(_scales_max_kernel, (_cdiv(n, 1024), 1, 1), (q.scales.contiguous(), n, top),
                 dict(BLOCK=1024, num_warps=4))
     moved = (*q.shape[:q.dim], *q.shape[q.dim + 1:], q.shape[q.dim])  # the codes' layout
     blocked = dataclasses.replace(q, tensor_scale=None, shape=moved, dim=len(moved) - 1)
