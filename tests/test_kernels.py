@@ -987,6 +987,20 @@ def test_fp8_layer_through_kernels_keeps_x_packed(monkeypatch):
             assert_same(a, b, f"{tokens} tokens {nm}")
 
 
+def test_every_launch_has_a_three_dimensional_grid(monkeypatch):
+    """kernels._launch's fast path (GPU only, from a kernel's second call on) launches the compiled
+    kernel with grid[0], grid[1] and grid[2]: a shorter grid fails there and nowhere else."""
+    real, grids = kernels._launch, []
+    monkeypatch.setattr(kernels, "_launch", lambda k, grid, *a, **kw: grids.append((k, grid)) or real(k, grid, *a, **kw))
+    monkeypatch.setattr(fp4, "kernels_for", lambda t: kernels)
+    for r in (fp4.make_recipe("mxint4", fp8_gemm=True), fp4.RECIPES["nvfp4"], fp4.RECIPES["ufp4"]):
+        for tokens in (64, 40):
+            _layer_grads(r, None, tokens)
+    _layer_grads(fp4.RECIPES["ufp4"], torch.tensor([7, 0, 33]))
+    assert {k.fn.__name__ for k, _ in grids} >= {"_quant_kernel", "_dequant_kernel", "_scales_max_kernel"}
+    assert all(len(g) == 3 for _, g in grids), {k.fn.__name__: g for k, g in grids if len(g) != 3}
+
+
 def test_quantize_both_rejects_a_side_both_packed_and_fp8():
     for mod in (kernels, fp4):
         with pytest.raises(ValueError, match="packed or FP8"):
