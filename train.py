@@ -630,6 +630,10 @@ def setup_model(run):
     if run.recipe.quantized and len(kept) == c.n_layer:
         run.log(f"warning: recipe {run.recipe.name} keeps all {c.n_layer} blocks in bf16 (its "
                 f"first/last-block rule): no layer is quantized, the run is a bf16 run")
+    if 0 < c.max_iters <= c.warmup_iters and not c.eval_only:
+        run.log(f"warning: warmup_iters={c.warmup_iters} >= max_iters={c.max_iters}: the learning "
+                f"rate rises all run and ends at {get_lr(c.max_iters - 1, c):.3g}, short of "
+                f"learning_rate={c.learning_rate:g}; lower warmup_iters")
 
 
 def import_hf(run):

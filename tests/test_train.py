@@ -179,6 +179,13 @@ def test_lr_schedules():
     assert train.get_lr(87, c) == 1.0 and train.get_lr(110, c) == 0.1
     assert abs(train.get_lr(99, c) - 0.55) < 1e-12   # halfway down the linear decay 88 -> 110
 
+def test_warmup_longer_than_the_run_warns(ds, tmp_path, capsys):
+    run(ds, tmp_path / "a", max_iters=3, warmup_iters=5, eval_interval=3)
+    assert "warning: warmup_iters=5 >= max_iters=3: the learning rate rises all run and ends at " \
+        "0.0015, short of learning_rate=0.003" in capsys.readouterr().out
+    run(ds, tmp_path / "b", max_iters=3, warmup_iters=2, eval_interval=3)
+    assert "warmup_iters" not in capsys.readouterr().out
+
 # -----------------------------------------------------------------------------
 # training
 
