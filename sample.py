@@ -43,15 +43,21 @@ RANGES = dict(num_samples=(lambda v: v >= 1, ">= 1"), max_new_tokens=(lambda v: 
 
 
 def read_prompt(start):
-    """The prompt: the text itself, or a file's text for FILE:path."""
+    """The prompt: the text itself, or a file's text for FILE:path; never empty (the model needs
+    a token to continue from)."""
     if not start.startswith("FILE:"):
-        return start
-    try:
-        with open(start[5:], encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read the prompt file {start[5:]!r} of --start=FILE:path "
-                          f"({getattr(e, 'strerror', None) or e}): name a text file") from None
+        text, where = start, "--start"
+    else:
+        try:
+            with open(start[5:], encoding="utf-8") as f:
+                text, where = f.read(), f"the prompt file {start[5:]!r}"
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read the prompt file {start[5:]!r} of --start=FILE:path "
+                              f"({getattr(e, 'strerror', None) or e}): name a text file") from None
+    if not text:
+        raise ConfigError(f"{where} is empty: give a prompt of at least one character (the default "
+                          f"is a newline)")
+    return text
 
 
 def main(argv=None):
@@ -70,7 +76,7 @@ def main(argv=None):
                                          c["recipe"], dev, "decode")
 
     meta = ckpt["meta"]
-    ids = encoder(meta)(prompt) or [0]
+    ids = encoder(meta)(prompt)
     decode = decoder(meta)
     torch.manual_seed(c["seed"])
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None]

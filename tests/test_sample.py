@@ -56,6 +56,7 @@ def test_train_and_sample_do_not_import_each_other():
     ("--temperature=-1", r"temperature=-1.0 is out of range"),
     ("--top_k=-5", r"top_k=-5 is out of range: it must be >= 0"),
     ("--start=FILE:", r"cannot read the prompt file '' of --start=FILE:path"),
+    ("--start=", r"--start is empty: give a prompt of at least one character"),
     ("--start=FILE:/no/such/prompt.txt", r"prompt file '/no/such/prompt.txt' .*No such file"),
     ("--dtype=float16", r"'dtype' .* must be one of"),
 ])
