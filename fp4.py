@@ -1116,18 +1116,17 @@ def cache_weights(model):
     Returns the number of layers that cache."""
     return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 
-# Linears (names within a block) whose input another op saves for backward anyway: model.py's
-# attention output, which SDPA keeps. They save x for Wgrad instead of a packed copy.
-KEEP_X = ("attn.proj",)
-
-def convert(model, recipe, blocks_attr="blocks", keep=("router",), keep_x=KEEP_X):
+def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
     """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
     GroupedLinears), except blocks the recipe keeps in bf16 and the modules named in `keep` with
-    all they hold (the MoE router; an entry matches a name's last dotted parts: "router",
-    "attn.qkv"). Linears named in `keep_x` (KEEP_X) save their input x for
-    Wgrad rather than packed codes (FP4Linear.pack_x). That saves memory where proj's input is a
-    view of SDPA's saved output (the GPU's attention; the CPU's may lay its output out otherwise,
-    and proj then keeps a copy). Parameters are shared, not copied. Returns the model."""
+    all they hold (an entry matches a name's last dotted parts: "router", "attn.qkv"). Linears
+    named in `keep_x` save their input x for Wgrad rather than packed codes (FP4Linear.pack_x):
+    for a layer whose input another op saves for backward anyway, where a packed copy would add
+    memory. Both default to the model's own `fp4_keep` and `fp4_keep_x` (model.GPT names its
+    router, and its attention output projection, whose input is a view of SDPA's saved output on
+    the GPU), else none. Parameters are shared, not copied. Returns the model."""
+    keep = getattr(model, "fp4_keep", ()) if keep is None else keep
+    keep_x = getattr(model, "fp4_keep_x", ()) if keep_x is None else keep_x
     recipe = make_recipe(recipe)
     blocks = getattr(model, blocks_attr)
     bf16 = recipe.bf16_blocks(len(blocks))

@@ -160,7 +160,7 @@ class MoE(nn.Module):
         E, h, d = config.n_expert, config.expert_size, config.n_embd
         self.n_expert, self.top_k, self.kind = E, config.top_k, config.mlp
         self.router_kind = config.router
-        self.router = nn.Linear(d, E, bias=False)  # the name `router` keeps it out of fp4.convert
+        self.router = nn.Linear(d, E, bias=False)  # stays bf16: GPT.fp4_keep names it
         # experts as grouped linears, weights [E, out, in]; SwiGLU gate and up fused in w_in
         self.w_in = fp4.GroupedLinear(E, d, 2 * h if config.mlp == "swiglu" else h)
         self.w_down = fp4.GroupedLinear(E, h, d)
@@ -249,6 +249,11 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 class GPT(nn.Module):
+    # what fp4.convert leaves alone: the MoE router stays bf16 with all it holds; attention's
+    # output projection keeps its input for Wgrad (SDPA saves it anyway) instead of packed codes
+    fp4_keep = ("router",)
+    fp4_keep_x = ("attn.proj",)
+
     def __init__(self, config):
         super().__init__()
         self.config = config

@@ -19,11 +19,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import fp4  # noqa: E402
 import kernels  # noqa: E402
 from bench_kernels import graphed  # noqa: E402
+from model import GPT  # noqa: E402
 
 SHAPES = {"qkv": (768, 2304), "proj": (768, 768), "fc": (768, 3072), "fc2": (3072, 768)}
-# layers that keep x for Wgrad and quantize it in backward (fp4.KEEP_X: attention's proj, whose
-# input SDPA saves anyway); the others save it packed, quantized in forward
-KEEPS_X = {name.rsplit(".", 1)[-1] for name in fp4.KEEP_X}
+# layers that keep x for Wgrad and quantize it in backward (GPT.fp4_keep_x: attention's proj,
+# whose input SDPA saves anyway); the others save it packed, quantized in forward
+KEEPS_X = {name.rsplit(".", 1)[-1] for name in GPT.fp4_keep_x}
 
 
 def graph_ms(fn, reps=20):

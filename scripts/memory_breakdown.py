@@ -91,7 +91,7 @@ def replay(trace, marks, base, last_step):
     return peaks
 
 
-def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=fp4.KEEP_X):
+def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=GPT.fp4_keep_x):
     """Records `steps` optimizer steps from the first (compilation and CUDA-graph recording
     included, as bench.py's peak is over the whole run) and prints the live set at the peak of the
     whole run and at the peak of the last step (the steady state). mode: None (eager) or a
@@ -167,7 +167,7 @@ def main():
     p.add_argument("--compile_mode", default="reduce-overhead",
                    choices=["eager"] + list(train.CHOICES["compile_mode"]))
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--keep_x", default=",".join(fp4.KEEP_X), help="fp4.convert's keep_x, comma-separated ('' for none)")
+    p.add_argument("--keep_x", default=",".join(GPT.fp4_keep_x), help="fp4.convert's keep_x, comma-separated ('' for none)")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args()
     cfg = train.get_config([args.config])

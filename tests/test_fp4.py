@@ -584,15 +584,18 @@ def test_convert_swaps_block_linears_only():
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.qkv, self.router = nn.Linear(32, 96), nn.Linear(32, 4)
+            self.qkv, self.router = nn.Linear(32, 96), nn.Linear(32, 16)
             self.experts = fp4.GroupedLinear(4, 32, 64)
 
     class Model(nn.Module):
+        fp4_keep = ("router",)  # what convert leaves alone unless told otherwise
+
         def __init__(self):
             super().__init__()
             self.emb, self.lm_head = nn.Embedding(10, 32), nn.Linear(32, 10)
             self.blocks = nn.ModuleList(Block() for _ in range(3))
 
+    assert isinstance(fp4.convert(Model(), "ufp4", keep=()).blocks[0].router, fp4.FP4Linear)
     m = Model()
     w = m.blocks[0].qkv.weight
     fp4.convert(m, fp4.make_recipe("ufp4", bf16_last=1))
@@ -614,6 +617,9 @@ def test_convert_keeps_named_modules_and_what_they_hold():
         linears = {n: type(mod) for n, mod in m.blocks[0].named_modules()
                    if isinstance(mod, nn.Linear)}
         assert {n for n, t in linears.items() if t is nn.Linear} == kept, (keep, linears)
+    moe = fp4.convert(GPT(GPTConfig(**cfg, n_expert=4)), "ufp4")  # GPT's own fp4_keep, fp4_keep_x
+    assert type(moe.blocks[0].mlp.router) is nn.Linear, "the router stays bf16"
+    assert not moe.blocks[0].attn.proj.pack_x and moe.blocks[0].attn.qkv.pack_x
 
 
 # ---------------------------------------------------------------- shrinkage diagnostics
