@@ -841,13 +841,13 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         if dyq_w is None:
             dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
         if isinstance(x_or_q, QTensor):
-            xq = _fp8_of_saved(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
+            xq = _wgrad_x_fp8(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
         else:
             xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag, fp8=e4)
         dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True).to(weight.dtype)
     return dx, dw
 
-def _fp8_of_saved(q, tag):
+def _wgrad_x_fp8(q, tag):
     """Wgrad's saved packed x as its e4m3 GEMM operand; inside probe_alphas() its blocks out of
     the FP8 window are added to the wgrad_x record its forward made."""
     values, scale = fp8_from_packed(q, E4M3)

@@ -13,6 +13,8 @@ available, backend not 'torch'); this file imports fp4.py, which imports it back
   quantize_both(x, fmt, ...)                           -> a 2D tensor's row-wise and column-wise
                                                           results from one read of it
   dequantize(q, dtype)                                 -> tensor in the original layout
+  fp8_from_packed(q, fp8)                              -> a packed operand with e8m0 scales as
+                                                          (FP8 values, power-of-two tensor scale)
   fp4_matmul(qa, qb, dtype)                            -> a @ b^T from packed operands
   set_sr_bits(bits), philox_rounds(n)                  -> SR's random bits per draw (8 or 16);
                                                           Philox rounds (a context, benchmarks)
@@ -21,8 +23,8 @@ What runs where. On Hopper (the H200) training runs its GEMMs on fake-quantized 
 through cuBLAS: each operand is quantized and dequantized in one fused kernel (fake_quant,
 quantize_both), then torch.mm / torch._grouped_mm multiply; Wgrad's x is kept packed between
 forward and backward (quantize, then dequantize). Formats with power-of-two block scales write
-exact FP8 instead (to_fp8, quantize_both(fp8=...)) for torch._scaled_mm, and keep Wgrad's x as
-FP8. fp4_matmul, the packed GEMM that dequantizes
+exact FP8 instead (to_fp8, quantize_both(fp8=...)) for torch._scaled_mm; Wgrad's x stays packed
+there too and becomes FP8 in backward (fp8_from_packed). fp4_matmul, the packed GEMM that dequantizes
 in its main loop, is not on the training path: Hopper has no FP4 tensor cores, so the dequantize
 competes with the bf16 MMA for the same SMs and the GEMM reaches about 0.5x cuBLAS. It would pay
 on hardware with native block-scaled FP4 MMA (which takes codes and scales as they are), or where
@@ -38,9 +40,9 @@ with SR_BITS Philox bits per element) -> code and dequantized value. NVFP4's ten
 (and an FP8 side's tensor scale) from a first pass (_amax_kernel, no host sync). The kernels are bound by instruction issue, so
 no kernel converts int <-> float or rounds to an integer per element (those run at 1/8 of the
 fp32 rate): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the GEMM
-dequantizes with a few lines of PTX (_dequant_operand). fp32 -> bf16 casts happen in the kernel
-on the GPU (hardware RNE); under TRITON_INTERPRET the kernel writes fp32 and torch casts (the
-interpreter truncates).
+dequantizes with a few lines of PTX (_dequant_operand). fp32 -> bf16 (and fp8_from_packed's
+fp32 -> FP8) casts happen in the kernel on the GPU (hardware RNE); under TRITON_INTERPRET the
+kernel writes fp32 and torch casts (the interpreter truncates).
 
 AVAILABLE is True when triton imports and a CUDA device exists. Under TRITON_INTERPRET=1 the
 same functions run on CPU tensors (what the tests run).
@@ -1267,21 +1269,23 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
 # 4. Dequantize (fp4.dequantize)
 
 @triton.jit
-def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, stride_ok, fp8_scale_ptr,
-                    BR: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr, B2D: tl.constexpr,
-                    HAS_TS: tl.constexpr, TRANS: tl.constexpr, FP8_ROOM: tl.constexpr,
+def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, top_ptr, fp8_scale_ptr, out_ptr, NR, NK, stride_or,
+                    stride_ok, BR: tl.constexpr, BK: tl.constexpr, BLOCK: tl.constexpr, B2D: tl.constexpr,
+                    HAS_TS: tl.constexpr, TRANS: tl.constexpr, TO_FP8: tl.constexpr, FP8_ROOM: tl.constexpr,
                     E2M1: tl.constexpr, NSEG: tl.constexpr,
                     S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
                     ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
-    """codes [A, NR, NK/2] + scales -> values in the original layout (batch a, strides). FP8_ROOM
-    (fp8_from_packed): ts_ptr holds the largest block scale's bits; the values are divided by the
+    """codes [A, NR, NK/2] + scales -> values in the original layout (batch a, strides). TO_FP8
+    (fp8_from_packed): top_ptr holds the largest block scale's bits; the values are divided by the
     FP8 scale it gives (a power of two: a multiply), which the first program stores."""
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     a = tl.program_id(2).to(tl.int64)
-    if FP8_ROOM:
+    sign_bit = 8
+    if TO_FP8:
         first = (pid_r == 0) & (pid_k == 0) & (a == 0)
-        inv = _fp8_inv(ts_ptr, fp8_scale_ptr, 0, FP8_ROOM, first)
+        inv = _fp8_inv(top_ptr, fp8_scale_ptr, 0, FP8_ROOM, first)
+        sign_bit = tl.where(inv == inv, 8, 0)  # a NaN scale makes every value +NaN, as fp4's
     rr = pid_r * BR + tl.arange(0, BR)
     kh = pid_k * (BK // 2) + tl.arange(0, BK // 2)
     m2 = (rr[:, None] < NR) & (kh[None, :] < NK // 2)
@@ -1301,14 +1305,14 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
         ft = tl.where(ts > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
         st = ts * ft
         sc = sc * ft
+    if TO_FP8:
+        sc = sc * inv  # exact: both powers of two (or the value lands below FP8's range anyway)
     mag = _grid_mag(code & 7, E2M1, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
     v = tl.reshape(tl.reshape(mag, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
     if HAS_TS:
         v = _div(v, tl.broadcast_to(tl.div_rn(tl.zeros_like(st) + 1.0, st), [BR, BK]),
                  tl.broadcast_to(-st, [BR, BK]))
-    if FP8_ROOM:
-        v = v * inv
-    out = (v.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+    out = (v.to(tl.int32, bitcast=True) | ((code & sign_bit) << 28)).to(tl.float32, bitcast=True)
     kk = pid_k * BK + tl.arange(0, BK)
     if TRANS:
         o = tl.trans(out)
@@ -1319,6 +1323,41 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, out_ptr, NR, NK, stride_or, s
         off = a * NR * NK + rr[:, None].to(tl.int64) * stride_or + kk[None, :].to(tl.int64) * stride_ok
         m = (rr[:, None] < NR) & (kk[None, :] < NK)
     tl.store(out_ptr + off, o.to(out_ptr.dtype.element_ty), mask=m)
+
+
+def _dequantize(q, dtype, fp8_top=None):
+    """dequantize; fp8_top (fp8_from_packed): (the largest block scale's bits, the FP8 scale's
+    output) for FP8 values divided by that scale, stored by the kernel (rounding to nearest even;
+    in range by construction, where plain dequantize's torch cast would give inf on overflow)."""
+    fmt = q.fmt
+    shape, dim = q.shape, q.dim
+    A = math.prod(shape[:dim])
+    B = math.prod(shape[dim + 1:])
+    K = shape[dim]
+    out_dtype = dtype or q.dtype
+    direct = (torch.bfloat16, torch.float16) + ((fp4.E4M3, fp4.E5M2) if fp8_top else ())
+    kdtype = out_dtype if out_dtype in direct and not INTERPRET else torch.float32
+    out = torch.empty(shape, device=q.codes.device, dtype=kdtype)
+    trans = B > 1
+    NR, Ab = (B, A) if trans else (A, 1)
+    BR = 64 if trans else min(32, _pow2_at_least(NR, 16))
+    BK = 64 if trans else 128
+    if fmt.block_2d:
+        BR = max(BR, fmt.block)
+    BK = max(BK, fmt.block)
+    codes = q.codes.contiguous()
+    scales = q.scales.contiguous()
+    ts = q.tensor_scale if q.tensor_scale is not None else scales
+    top, fp8_scale = fp8_top or (scales, scales)  # (unused pointers when not to FP8)
+    grid = (_cdiv(NR, BR), _cdiv(K, BK), Ab)
+    if out.numel():
+        _launch(_dequant_kernel, grid, (codes, scales, ts, top, fp8_scale, out, NR, K, 1 if trans else K,
+                                        B if trans else 1),
+                dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
+                     HAS_TS=q.tensor_scale is not None, TRANS=trans, TO_FP8=bool(fp8_top),
+                     FP8_ROOM=fp4.FP8_ROOM[out_dtype] if fp8_top else 0,
+                     num_warps=4, enable_fp_fusion=False, **_grid_meta(fmt.grid)))
+    return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def dequantize(q, dtype=None):
@@ -1348,41 +1387,8 @@ def fp8_from_packed(q, fp8=fp4.E4M3):
                 dict(BLOCK=1024, num_warps=4))
     moved = (*q.shape[:q.dim], *q.shape[q.dim + 1:], q.shape[q.dim])  # the codes' layout
     blocked = dataclasses.replace(q, tensor_scale=None, shape=moved, dim=len(moved) - 1)
-    values = _dequantize(blocked, fp8, fp8_top=(top, scale, fp4.FP8_ROOM[fp8]))
+    values = _dequantize(blocked, fp8, fp8_top=(top, scale))
     return values.movedim(-1, q.dim), scale
-
-
-def _dequantize(q, dtype, fp8_top=None):
-    """dequantize; fp8_top (fp8_from_packed): (largest block scale's bits, the FP8 scale's
-    output, FP8_ROOM) for values divided by that scale."""
-    fmt = q.fmt
-    shape, dim = q.shape, q.dim
-    A = math.prod(shape[:dim])
-    B = math.prod(shape[dim + 1:])
-    K = shape[dim]
-    out_dtype = dtype or q.dtype
-    direct = (torch.bfloat16, torch.float16, fp4.E4M3, fp4.E5M2)  # the kernel's store rounds (RTNE)
-    kdtype = out_dtype if out_dtype in direct and not INTERPRET else torch.float32
-    out = torch.empty(shape, device=q.codes.device, dtype=kdtype)
-    trans = B > 1
-    NR, Ab = (B, A) if trans else (A, 1)
-    BR = 64 if trans else min(32, _pow2_at_least(NR, 16))
-    BK = 64 if trans else 128
-    if fmt.block_2d:
-        BR = max(BR, fmt.block)
-    BK = max(BK, fmt.block)
-    codes = q.codes.contiguous()
-    scales = q.scales.contiguous()
-    ts = q.tensor_scale if q.tensor_scale is not None else scales
-    ts, fp8_scale, room = fp8_top or (ts, scales, 0)
-    grid = (_cdiv(NR, BR), _cdiv(K, BK), Ab)
-    if out.numel():
-        _launch(_dequant_kernel, grid, (codes, scales, ts, out, NR, K, 1 if trans else K,
-                                        B if trans else 1, fp8_scale),
-                dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d),
-                     HAS_TS=q.tensor_scale is not None, TRANS=trans, FP8_ROOM=room,
-                     num_warps=4, enable_fp_fusion=False, **_grid_meta(fmt.grid)))
-    return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 # -----------------------------------------------------------------------------

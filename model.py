@@ -1,11 +1,11 @@
 """
 model.py: a GPT (dense or mixture-of-experts) for FP4 training research, nanoGPT style.
 
-The model knows nothing of 4-bit formats. Every linear inside `blocks` is a plain nn.Linear and
-the MoE experts are fp4.GroupedLinear modules; train.py calls fp4.convert(model, recipe), which
-swaps the linears for FP4Linear in place and sets the recipe of the experts. What stays in high
-precision by construction: embeddings, norms, attention softmax/BMMs, the router (a module named
-`router`, which convert skips; its logits are computed in fp32) and lm_head (outside `blocks`).
+The model holds no 4-bit code. Every linear inside `blocks` is a plain nn.Linear and the MoE
+experts are fp4.GroupedLinear modules; train.py calls fp4.convert(model, recipe), which swaps the
+linears for FP4Linear in place and sets the recipe of the experts. What stays in high precision
+by construction: embeddings, norms, attention softmax/BMMs, the router (GPT.fp4_keep names it for
+convert; its logits are computed in fp32) and lm_head (outside `blocks`).
 
 Read top to bottom: config -> norms and RoPE -> attention -> dense MLP -> MoE -> block -> GPT.
 """

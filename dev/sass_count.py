@@ -87,19 +87,24 @@ def compile_quant(row, col, BM, BN, nw, mode):
                         aligned_except=("r_seed", "c_seed"))
 
 
-DEQUANT = [("ufp4", False, 32, 128), ("ufp4", True, 64, 64), ("nvfp4", False, 32, 128),
-           ("nvfp4", True, 64, 64), ("mxfp4", False, 32, 128), ("mxfp4", True, 64, 64)]
+# (format, column-wise codes, BR, BK, FP8 output: fp8_from_packed's e4m3, else bf16)
+DEQUANT = [("ufp4", False, 32, 128, False), ("ufp4", True, 64, 64, False), ("nvfp4", False, 32, 128, False),
+           ("nvfp4", True, 64, 64, False), ("mxfp4", False, 32, 128, False), ("mxfp4", True, 64, 64, False),
+           ("mxfp4", False, 32, 128, True)]
 
 
-def compile_dequant(fmt_name, trans, BR, BK):
-    """_dequant_kernel compiled for sm_90 as kernels.dequantize launches it on bf16 output, row-wise
-    codes (unit stride along K) or column-wise (TRANS: unit stride along the rows)."""
+def compile_dequant(fmt_name, trans, BR, BK, fp8=False):
+    """_dequant_kernel compiled for sm_90 as kernels.dequantize launches it on bf16 output (or as
+    fp8_from_packed does, to e4m3), row-wise codes (unit stride along K) or column-wise (TRANS:
+    unit stride along the rows)."""
     fmt = fp4.get_format(fmt_name)
     meta = dict(BR=BR, BK=BK, BLOCK=fmt.block, B2D=bool(fmt.block_2d), HAS_TS=fmt.scale == "e4m3",
-                TRANS=trans, **kernels._grid_meta(fmt.grid))
+                TRANS=trans, TO_FP8=fp8, FP8_ROOM=fp4.FP8_ROOM[fp4.E4M3] if fp8 else 0,
+                **kernels._grid_meta(fmt.grid))
     meta["stride_or" if trans else "stride_ok"] = 1   # Triton specializes an int argument of 1
     fn = kernels._dequant_kernel
-    ptr = {"codes_ptr": "*u8", "scales_ptr": "*fp32", "ts_ptr": "*fp32", "out_ptr": "*bf16"}
+    ptr = {"codes_ptr": "*u8", "scales_ptr": "*fp32", "ts_ptr": "*fp32", "top_ptr": "*i32",
+           "fp8_scale_ptr": "*fp32", "out_ptr": "*fp8e4nv" if fp8 else "*bf16"}
     return compile_sm(fn, meta, _types(fn, (), ptr, "i32"), dict(num_warps=4, enable_fp_fusion=False))
 
 
@@ -189,10 +194,10 @@ def main():
         print(f"| {name} | {BM}, {BN}, {nw}, {mode} | {sum(ops.values()) / per:.1f} | {regs} | {slow(ops) / per:.2f} |")
         if args.mix:
             print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | | |")
-    for fmt, trans, BR, BK in DEQUANT:
-        ops, regs = sass(compile_dequant(fmt, trans, BR, BK))
+    for fmt, trans, BR, BK, fp8 in DEQUANT:
+        ops, regs = sass(compile_dequant(fmt, trans, BR, BK, fp8))
         per = BR * BK / (4 * 32)
-        name = f"{fmt} dequantize, {'column-wise' if trans else 'row-wise'} codes"
+        name = f"{fmt} dequantize, {'column-wise' if trans else 'row-wise'} codes{' to e4m3' if fp8 else ''}"
         print(f"| {name} | {BR}, {BK}, 4, - | {sum(ops.values()) / per:.1f} | {regs} | {slow(ops) / per:.2f} |")
         if args.mix:
             print("|  | " + ", ".join(f"{k} {v / per:.1f}" for k, v in ops.most_common(12)) + " | | | |")

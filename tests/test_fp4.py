@@ -737,11 +737,12 @@ def have_cxx():
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
     not have_cxx(), reason="inductor's CPU code needs a C++ compiler"))])
-@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4"])  # all three: SR on dy; nvfp4: 2D W tiles, last block bf16
+# all: SR on dy; nvfp4: 2D W tiles, last block bf16; mxfp4+fp8: FP8 GEMMs, Wgrad's x kept packed
+@pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4+fp8"])
 def test_compiled_stack_equals_eager_without_breaks_or_recompiles(name, backend):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = fp4.convert(Stack(exact=backend == "inductor"), name)
+    model = fp4.convert(Stack(exact=backend == "inductor"), recipe_of(name))
     params = list(model.parameters())
     compiled = torch.compile(model, backend=backend, fullgraph=True)  # fullgraph: a break raises
     for step in range(3):
