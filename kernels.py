@@ -1305,13 +1305,13 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, top_ptr, fp8_scale_ptr, out_p
         ft = tl.where(ts > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
         st = ts * ft
         sc = sc * ft
-    if TO_FP8:
-        sc = sc * inv  # exact: both powers of two (or the value lands below FP8's range anyway)
     mag = _grid_mag(code & 7, E2M1, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
     v = tl.reshape(tl.reshape(mag, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
     if HAS_TS:
         v = _div(v, tl.broadcast_to(tl.div_rn(tl.zeros_like(st) + 1.0, st), [BR, BK]),
                  tl.broadcast_to(-st, [BR, BK]))
+    if TO_FP8:
+        v = v * inv  # a power of two: the exact quotient, as fp4's division
     out = (v.to(tl.int32, bitcast=True) | ((code & sign_bit) << 28)).to(tl.float32, bitcast=True)
     kk = pid_k * BK + tl.arange(0, BK)
     if TRANS:
