@@ -10,7 +10,9 @@
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
 #            eager; results/kernels/fp8_window_mxint4.md): about 6 minutes
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide|checks]
+#   kernels  tests/gpu/check_kernels.py, --quick then at full size, each split over 4 processes
+#            that compile at once (--part=k/4; the quick check took 55 s so, 200+ s in one)
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -47,6 +49,16 @@ checks)
         --out_dir=out/fp8_window --overwrite=True > "$OUT/fp8_window.log" 2>&1
     echo "== fp8_window rc=$?" >> "$OUT/bench.log"
     cp out/fp8_window/log.jsonl "$OUT/fp8_window_log.jsonl" 2>/dev/null ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_wide or checks"; exit 2 ;;
+kernels)
+    for size in quick full; do
+        flag=$([ $size = quick ] && echo --quick)
+        for k in 0 1 2 3; do
+            timeout 280 python3 tests/gpu/check_kernels.py $flag --part=$k/4 > "out/check_${size}_$k.log" 2>&1 &
+        done
+        wait
+        cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
+        grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
+    done ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_wide, checks or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
