@@ -401,10 +401,15 @@ def fp8_from_packed(q, fp8=E4M3):
     scales = q.scales.float()
     top = scales.amax() if scales.numel() else scales.new_zeros(())
     scale = torch.where(top.isnan(), float("nan"), _fp8_scale_above(top, fp8))
-    moved = (*q.shape[:q.dim], *q.shape[q.dim + 1:], q.shape[q.dim])  # the codes' layout
     # dequantize divides by a tensor scale: the FP8 scale takes that place
-    values = dequantize(replace(q, tensor_scale=scale, shape=moved, dim=len(moved) - 1), fp8)
+    values = dequantize(in_codes_layout(q, tensor_scale=scale), fp8)
     return values.movedim(-1, q.dim), scale
+
+def in_codes_layout(q, tensor_scale=None):
+    """q as a QTensor of the shape its codes are laid out in (the blocked dim moved last), so
+    dequantize writes the values with that dim contiguous; with another tensor scale."""
+    moved = (*q.shape[:q.dim], *q.shape[q.dim + 1:], q.shape[q.dim])
+    return replace(q, tensor_scale=tensor_scale, shape=moved, dim=len(moved) - 1)
 
 def fp8_inexact_blocks(values, scale, fake, fmt, dim=-1):
     """(blocks where values * scale differs from fake_quant's `fake`, blocks): the blocks that fell

@@ -48,7 +48,6 @@ AVAILABLE is True when triton imports and a CUDA device exists. Under TRITON_INT
 same functions run on CPU tensors (what the tests run).
 """
 import contextlib
-import dataclasses
 import functools
 import math
 import os
@@ -1380,14 +1379,14 @@ def fp8_from_packed(q, fp8=fp4.E4M3):
     fp4.check_fp8(q.fmt, fp8)
     dev = q.codes.device
     top = torch.zeros(1, device=dev, dtype=torch.int32)
-    scale = torch.ones((), device=dev, dtype=torch.float32)  # stays 1 for an empty tensor
+    scale = torch.empty((), device=dev, dtype=torch.float32)  # the dequantize kernel writes it
     n = q.scales.numel()
     if n:
         _launch(_scales_max_kernel, (_cdiv(n, 1024), 1, 1), (q.scales.contiguous(), n, top),
                 dict(BLOCK=1024, num_warps=4))
-    moved = (*q.shape[:q.dim], *q.shape[q.dim + 1:], q.shape[q.dim])  # the codes' layout
-    blocked = dataclasses.replace(q, tensor_scale=None, shape=moved, dim=len(moved) - 1)
-    values = _dequantize(blocked, fp8, fp8_top=(top, scale))
+    else:
+        scale.fill_(1.0)  # an empty tensor: no program runs to write it
+    values = _dequantize(fp4.in_codes_layout(q), fp8, fp8_top=(top, scale))
     return values.movedim(-1, q.dim), scale
 
 
