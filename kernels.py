@@ -37,7 +37,8 @@ the reference's add order -> block amax (NaN/Inf flagged: Triton's max may drop 
 scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale (exact
 for RTNE, a product for SR) -> round to the grid (RTNE by float arithmetic, SR as floor(k + u)
 with SR_BITS Philox bits per element) -> code and dequantized value. NVFP4's tensor amax comes
-(and an FP8 side's tensor scale) from a first pass (_amax_kernel, no host sync). The kernels are bound by instruction issue, so
+from a first pass (_amax_kernel), an FP8 side's plain amax from a flat one (_flat_amax_kernel):
+no host sync. The kernels are bound by instruction issue, so
 no kernel converts int <-> float or rounds to an integer per element (those run at 1/8 of the
 fp32 rate): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the GEMM
 dequantizes with a few lines of PTX (_dequant_operand). fp32 -> bf16 (and fp8_from_packed's
@@ -975,6 +976,34 @@ def _atomic_max_bits(part, m):
     tl.atomic_max(part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
 
 
+@triton.jit
+def _flat_amax_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr, TILES: tl.constexpr):
+    """max |x| over n contiguous elements (NaN if any is) into out_ptr's int32 bits: TILES
+    consecutive BLOCKs per program, one atomic each. No layout or RHT to follow, so flat loads."""
+    start = tl.program_id(0).to(tl.int64) * (BLOCK * TILES)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for t in range(TILES):
+        offs = start + t * BLOCK + tl.arange(0, BLOCK)
+        acc = _maxnan(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
+    _atomic_max_bits(out_ptr, _amax(acc, 0))
+
+
+FLAT_AMAX = (8192, 2, 8)  # (BLOCK, TILES, warps) of _flat_amax: results/kernels/flat_amax_sweep.txt
+
+
+def _flat_amax(t, cfg=None):
+    """max |t| (the plain tensor amax of an FP8 side; the largest block scale of fp8_from_packed)
+    as an int32 [1] holding the float's bits, as _tensor_amax leaves them; 0 for an empty t.
+    cfg: (BLOCK, TILES, warps), else FLAT_AMAX."""
+    out = torch.zeros(1, device=t.device, dtype=torch.int32)
+    n = t.numel()
+    if n:
+        BLOCK, tiles, nw = cfg or FLAT_AMAX
+        _launch(_flat_amax_kernel, (_cdiv(n, BLOCK * tiles), 1, 1), (t.contiguous(), n, out),
+                dict(BLOCK=BLOCK, TILES=tiles, num_warps=nw))
+    return out
+
+
 def _need(fmt, rht):
     return math.lcm(fmt.block, rht or 1)
 
@@ -1142,7 +1171,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
         amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
         amaxes = {s: amax for s in nv}
     if fp8:
-        amax = _tensor_amax(x3, fp8[0].fmt, None, False)
+        amax = _flat_amax(x3)
         amaxes.update({s: amax for s in fp8})
     args = []
     for side, col_side in ((row, False), (col, True)):
@@ -1364,27 +1393,14 @@ def dequantize(q, dtype=None):
     return _dequantize(q, dtype)
 
 
-@triton.jit
-def _scales_max_kernel(scales_ptr, n, top_ptr, BLOCK: tl.constexpr):
-    """The largest of n non-negative fp32 block scales (NaN if any is) into top_ptr's int32 bits."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    s = tl.load(scales_ptr + offs, mask=offs < n, other=0.0)
-    _atomic_max_bits(top_ptr, _amax(s, 0))
-
-
 def fp8_from_packed(q, fp8=fp4.E4M3):
-    """fp4.fp8_from_packed: one pass over the block scales for the largest, then the dequantize
-    kernel writes the FP8 values and the scale (two launches: this runs once per layer in every
-    backward, where a chain of small torch ops cost more than the conversion itself)."""
+    """fp4.fp8_from_packed: one pass over the block scales for the largest (_flat_amax), then
+    the dequantize kernel writes the FP8 values and the scale (two launches: this runs once per
+    layer in every backward, where a chain of small torch ops cost more than the conversion)."""
     fp4.check_fp8(q.fmt, fp8)
-    dev = q.codes.device
-    top = torch.zeros(1, device=dev, dtype=torch.int32)
-    scale = torch.empty((), device=dev, dtype=torch.float32)  # the dequantize kernel writes it
-    n = q.scales.numel()
-    if n:
-        _launch(_scales_max_kernel, (_cdiv(n, 1024), 1, 1), (q.scales.contiguous(), n, top),
-                dict(BLOCK=1024, num_warps=4))
-    else:
+    top = _flat_amax(q.scales)
+    scale = torch.empty((), device=q.codes.device, dtype=torch.float32)  # the dequantize kernel writes it
+    if not q.scales.numel():
         scale.fill_(1.0)  # an empty tensor: no program runs to write it
     values = _dequantize(fp4.in_codes_layout(q), fp8, fp8_top=(top, scale))
     return values.movedim(-1, q.dim), scale

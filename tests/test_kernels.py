@@ -360,6 +360,25 @@ def test_tensor_amax_pass_every_load_plan():
     assert kernels._amax_tile(96, 512, None, 16, 2) == (128, 64, 4, 1, 1)
 
 
+def test_flat_amax_any_length_dtype_and_tiling():
+    """_flat_amax (an FP8 side's plain amax, fp8_from_packed's largest block scale) is max |t| as
+    int32 bits: lengths that end inside a block and inside a program's run of tiles, negative
+    maxima, every 16/32-bit float dtype, several tilings; NaN anywhere gives NaN, Inf gives Inf;
+    an empty tensor gives 0."""
+    for n in (1, 63, 64, 1000, 3 * 4096 + 5):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for cfg in (None, (64, 3, 4), (128, 1, 4)):
+                t = randn(n, seed=n, dtype=dtype)
+                t[n // 2] = -7.5  # the largest magnitude is negative
+                for poison in (None, float("nan"), float("inf")):
+                    if poison is not None:
+                        t[-1] = poison
+                    got = kernels._flat_amax(t, cfg).view(torch.float32).item()
+                    want = t.float().abs().amax().item()
+                    assert got == want or (math.isnan(got) and math.isnan(want)), (n, dtype, cfg, poison, got)
+    assert kernels._flat_amax(torch.zeros(0)).item() == 0
+
+
 def test_pair_tiles_for_16_bit_inputs_256_wide():
     assert kernels._tile(48, 256, 16, 16, esize=2) == (16, 256, 4, 0)
     assert kernels._tile(48, 256, 16, 16, esize=2, packed=True) == (64, 64, 4, 1)
@@ -1001,7 +1020,7 @@ def test_every_launch_has_a_three_dimensional_grid(monkeypatch):
             _layer_grads(r, None, tokens)
     _layer_grads(fp4.RECIPES["ufp4"], torch.tensor([7, 0, 33]))
     assert {k.fn.__name__ for k, _ in grids} == {"_amax_kernel", "_quant_kernel", "_dequant_kernel",
-                                                 "_scales_max_kernel"}  # every kernel but the GEMM's
+                                                 "_flat_amax_kernel"}  # every kernel but the GEMM's
     assert all(len(g) == 3 for _, g in grids), {k.fn.__name__: g for k, g in grids if len(g) != 3}
 
 
