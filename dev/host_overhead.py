@@ -36,7 +36,7 @@ def cpu_stub():
     class NoKernel:
         def __getitem__(self, grid):
             return lambda *args: None
-    for k in (kernels._quant_kernel, kernels._amax_kernel, kernels._dequant_kernel):
+    for k in (kernels._quant_kernel, kernels._amax_kernel, kernels._flat_amax_kernel, kernels._dequant_kernel):
         k.run = lambda *a, **kw: NoKernel()
     fp4.kernels_for = lambda x: kernels
     x = torch.randn(16, 64, dtype=torch.bfloat16, requires_grad=True)
