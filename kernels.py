@@ -792,7 +792,7 @@ def _s_enc(amax_ptr, senc_ptr, QMAX: tl.constexpr, FIRST):
 
 @triton.jit
 def _fp8_inv(amax_ptr, scale_ptr, EMAX: tl.constexpr, ROOM: tl.constexpr, FIRST):
-    """fp4.fp8_scale from the plain tensor amax (int32 bits, as _amax_kernel leaves them): the
+    """fp4.fp8_scale from the plain tensor amax (int32 bits, as _flat_amax leaves them): the
     block scale of amax is 2^max(floor(log2 amax) - EMAX, -127), so the tensor scale is 2^E with
     E = max(that exponent - ROOM, -126), ROOM being FP8_ROOM less the RHT's bound. The first program
     stores 2^E; returns 2^-E."""
@@ -1048,9 +1048,9 @@ def _num_warps(BM, BN):
 
 
 def _tensor_amax(x3, fmt, rht, col, col_rht=None, col_fmt=None, cfg=None):
-    """The tensor amax (NVFP4 sides: after the RHT, along N or along M when col; FP8 sides: plain
-    max |x|, rht None) from a first pass over x: an int32 [1] holding the float's bits (no host
-    sync; the quantize kernel derives the tensor scale from it).
+    """NVFP4's tensor amax (after the RHT, along N or along M when col; no RHT: plain max |x|) from
+    a first pass over x: an int32 [1] holding the float's bits (no host sync; the quantize kernel
+    derives the tensor scale from it).
     col_rht (with col False): also the column side's amax after that RHT (0: none), for a column
     side of format col_fmt (default fmt), from the same read; returns (row amax, col amax) then.
     A side without RHT takes max |x| from the other side's loads (col without RHT: row loads).
