@@ -36,7 +36,7 @@ import kernels  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 # (name, row side, column side, (BM, BN, num_warps, row load mode)); a side: (format, rounding,
-# RHT, packed). The tiles are kernels._tile's defaults at GPT-2 shapes (16384 x 768 / 2304 / 3072;
+# RHT, packed[, FP8 dtype]). The tiles are kernels._tile's defaults at GPT-2 shapes (16384 x 768 / 2304 / 3072;
 # the row-only ones at 3072 wide, 4 x 1024; 8 x 512 counts the same per element).
 LAUNCHES = [
     ("x row-wise, RTNE (Fprop)", ("ufp4", "rtne", 16, False), None, (4, 1024, 4, 0)),
@@ -50,6 +50,11 @@ LAUNCHES = [
     ("nvfp4 x column-wise, packed", None, ("nvfp4", "rtne", 16, True), (128, 64, 4, 1)),
     ("mxfp4 x row-wise, packed", ("mxfp4", "rtne", 16, True), None, (4, 1024, 4, 2)),
     ("mxfp4 dy row-wise, SR", ("mxfp4", "sr", 16, False), None, (4, 1024, 4, 2)),
+    # the FP8-GEMM path (recipe_fp8_gemm): mxfp4's pairs as the layer launches them
+    ("mxfp4 x pair, FP8 path: row e4m3 + column packed RHT16", ("mxfp4", "rtne", None, False, fp4.E4M3),
+     ("mxfp4", "rtne", 16, True), (64, 64, 4, 1)),
+    ("mxfp4 dy pair, FP8 path: e5m2 both, SR, column RHT16", ("mxfp4", "sr", None, False, fp4.E5M2),
+     ("mxfp4", "sr", 16, False, fp4.E5M2), (64, 128, 8, 1)),
 ]
 
 
@@ -74,13 +79,15 @@ def compile_quant(row, col, BM, BN, nw, mode):
     def side(s):
         if s is None:
             return None
-        fmt, rounding, rht, packed = s
-        return kernels._Side(fp4.get_format(fmt), rounding, rht, 0, torch.device("cpu"), packed)
-    sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed, None)  # noqa: E731
-    meta, _ = kernels._quant_meta(sig(side(row)), sig(side(col)), BM, BN, True, mode,
+        fmt, rounding, rht, packed, *fp8 = s
+        return kernels._Side(fp4.get_format(fmt), rounding, rht, 0, torch.device("cpu"), packed, *fp8)
+    sides = side(row), side(col)
+    sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed, s.fp8)  # noqa: E731
+    meta, _ = kernels._quant_meta(sig(sides[0]), sig(sides[1]), BM, BN, True, mode,
                                   kernels.PHILOX_ROUNDS, nw, kernels.SR_BITS)
     fn = kernels._quant_kernel
-    ptr = {"x_ptr": "*bf16", "r_fake": "*bf16", "c_fake": "*bf16", "r_codes": "*u8",
+    fake = [{fp4.E4M3: "*fp8e4nv", fp4.E5M2: "*fp8e5"}.get(s and s.fp8, "*bf16") for s in sides]
+    ptr = {"x_ptr": "*bf16", "r_fake": fake[0], "c_fake": fake[1], "r_codes": "*u8",
            "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
     return compile_sm(fn, meta, _types(fn, ("M", "N"), ptr, "*fp32"),
                         dict(num_warps=meta["num_warps"], enable_fp_fusion=False),
