@@ -527,22 +527,27 @@ def _grid_code(mag, biased, sign, R: tl.constexpr, C: tl.constexpr, E2M1: tl.con
 
 
 @triton.jit
-def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
+def _quant_tile(x, s_enc, fp8_inv, seed, roff, R: tl.constexpr, C: tl.constexpr,
                 QMAX: tl.constexpr, EMAX: tl.constexpr, E2M1: tl.constexpr, NSEG: tl.constexpr,
                 S1: tl.constexpr, S2: tl.constexpr, ST0: tl.constexpr, ST1: tl.constexpr,
                 ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
                 BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr,
-                CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr):
+                CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr,
+                FP8: tl.constexpr):
     """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
     Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
     for 2D tiles) and dequantized values [R, C] fp32 (if DEQ; divided by s_enc for e4m3):
     block scales, the division by them, rounding to the grid (RTNE by adding and subtracting
     step * 2^23: RNE in fp32 = ties to the even grid index; SR as floor(k + u)), then codes and
-    values."""
+    values. FP8 (e8m0 scales): the values also times fp8_inv, the inverse FP8 tensor scale,
+    folded into each block's scale (one multiply per block, not per element; the same FP8
+    values: the products differ only below fp32's normal range, which FP8 rounds to +-0)."""
     NB: tl.constexpr = C // BLOCK
     xb = tl.reshape(x, [R, NB, BLOCK])
     sc, sc_rows = _block_scales(xb, s_enc, R, NB, BLOCK, QMAX, EMAX, SCALE, B2D)
     valid = sc_rows > 0  # zero blocks and NaN scales: code 0 (+0)
+    if FP8:  # a NaN tensor scale: every value +NaN (unsigned, as fp4's division gives it)
+        valid = tl.where(fp8_inv == fp8_inv, valid, False)  # (the interpreter's & fails on a scalar)
     t = _divide(xb, sc_rows, s_enc, valid, R, NB, BLOCK, SCALE, SR)
     # the sign bit of x where the block is valid (per-block mask: one AND per element)
     smask = tl.broadcast_to(tl.where(valid, -2147483648, 0)[:, :, None], [R, NB, BLOCK])
@@ -560,7 +565,10 @@ def _quant_tile(x, s_enc, seed, roff, R: tl.constexpr, C: tl.constexpr,
         code = _grid_code(mag, biased, sign, R, C, E2M1, NSEG, S1, S2, ST0, ST1, ST2, I1, I2, SR)
     deq = 0
     if DEQ:
-        scb = tl.broadcast_to(sc_rows[:, :, None], [R, NB, BLOCK])
+        scr = sc_rows
+        if FP8:  # (e8m0 scales: a power of two times a power of two)
+            scr = sc_rows * fp8_inv
+        scb = tl.broadcast_to(scr[:, :, None], [R, NB, BLOCK])
         v = mag * scb  # exact for e4m3 / e8m0 scales; NaN for NaN blocks
         if SCALE == 1:  # / s_enc, kept normal by a power-of-two factor for huge s_enc
             ft = tl.where(s_enc > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
@@ -868,18 +876,19 @@ def _quant_kernel(x_ptr, M, N,
         s_enc = 1.0
         if R_SCALE == 1:
             s_enc = _s_enc(r_amax, r_senc, R_QMAX, pid_m + pid_n + a == 0)
+        inv = 1.0
+        if R_FP8 > 0:
+            inv = _fp8_inv(r_amax, r_senc, R_EMAX, R_FP8, pid_m + pid_n + a == 0)
         roff = 0
         if R_SR:
             if R_SEEDPTR:
                 r_seed = tl.load(r_seed)
             rm = m0 + tl.arange(0, BM)
             roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // EPC) + pid_n * (BN // EPC) + tl.arange(0, BN // EPC)[None, :]
-        code, sc, deq = _quant_tile(xr, s_enc, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_E2M1, R_NSEG,
+        code, sc, deq = _quant_tile(xr, s_enc, inv, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_E2M1, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
-                                    R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS, RBITS)
+                                    R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS, RBITS, R_FP8 > 0)
         if R_FAKE:
-            if R_FP8 > 0:
-                deq = deq * _fp8_inv(r_amax, r_senc, R_EMAX, R_FP8, pid_m + pid_n + a == 0)
             _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_PACKED:
             _store_packed(code, sc, a, m0, n0, M, N, r_codes, r_scales, BM, BN, R_BLOCK, R_B2D, R_G)
@@ -890,17 +899,19 @@ def _quant_kernel(x_ptr, M, N,
         s_enc = 1.0
         if C_SCALE == 1:
             s_enc = _s_enc(c_amax, c_senc, C_QMAX, pid_m + pid_n + a == 0)
+        inv = 1.0
+        if C_FP8 > 0:
+            inv = _fp8_inv(c_amax, c_senc, C_EMAX, C_FP8, pid_m + pid_n + a == 0)
         roff = 0
         if C_SR:
             if C_SEEDPTR:
                 c_seed = tl.load(c_seed)
             rn = n0 + tl.arange(0, BN)
             roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // EPC) + pid_m * (BM // EPC) + tl.arange(0, BM // EPC)[None, :]
-        code, sc, deq = _quant_tile(xc, s_enc, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
+        code, sc, deq = _quant_tile(xc, s_enc, inv, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
-                                    C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS, RBITS)
+                                    C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS, RBITS, C_FP8 > 0)
         if C_FAKE and C_FP8 > 0:
-            deq = deq * _fp8_inv(c_amax, c_senc, C_EMAX, C_FP8, pid_m + pid_n + a == 0)
             _store_t(c_fake, base, deq, m0, n0, M, N, BM, BN, EVEN)
         elif C_FAKE:
             _store_cols(c_fake, base, deq, m0, n0, M, N, BM, BN, C_G, EVEN)

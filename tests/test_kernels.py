@@ -941,6 +941,24 @@ def test_to_fp8_matches_reference(name, fp8, dim, rht):
 
 
 @pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
+def test_to_fp8_blocks_far_below_the_top(name):
+    """Blocks down to fp32's subnormals, 200 binades below the tensor's top: the kernel folds the
+    inverse tensor scale into each block's scale, whose products differ from the reference's only
+    below fp32's normal range, where FP8 gives +-0 either way; zero rows keep their sign."""
+    torch.manual_seed(5)
+    x = torch.randn(64, 96) * torch.exp2(torch.randint(-150, 60, (64, 1)).float())
+    x[7] = -0.0
+    for dim in (-1, 0):
+        for fp8 in (fp4.E4M3, fp4.E5M2):
+            v, s = kernels.to_fp8(x, name, dim=dim, fp8=fp8)
+            rv, rs = fp4.to_fp8(x, name, dim=dim, fp8=fp8)
+            assert torch.equal(bits(v), bits(rv)) and torch.equal(s, rs), (dim, fp8)
+            (a, sa), (b, sb) = kernels.quantize_both(x, name, fp8=fp8)
+            assert torch.equal(bits(a), bits(fp4.to_fp8(x, name, dim=-1, fp8=fp8)[0]))
+            assert torch.equal(bits(b), bits(fp4.to_fp8(x, name, dim=0, fp8=fp8)[0]))
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
 def test_to_fp8_sr_and_pair_equal_fake_quant(name):
     """SR draws differ from the reference's: the kernel's FP8 values times the scale equal its own
     fake_quant with the same seed; quantize_both gives both sides from one read."""
