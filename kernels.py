@@ -473,24 +473,28 @@ def _round_to_grid(a, seed, roff, R: tl.constexpr, C: tl.constexpr, NB: tl.const
         step = _pow2_floor_1(a) * 0.5
         inv = (0x7F000000 - step.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 1 / step
         one_u = tl.reshape(_uniform(seed, roff, R, C, ROUNDS, RBITS), [R, NB, BLOCK])
-        mag = _floor_m1(a * inv + one_u) * step
-    elif SR:  # floor(k + u), u uniform on (0, 1) in RBITS bits: up with probability ~frac(k)
+        # a * inv is exact (a power of two), so the fused multiply-add rounds as the add alone
+        mag = _floor_m1(tl.fma(a, inv, one_u)) * step
+    elif SR and NSEG == 1:  # floor(k + u), u uniform on (0, 1) in RBITS bits: up with
+        # probability ~frac(k); k = a / step exactly (a power of two), fused as above
+        one_u = tl.reshape(_uniform(seed, roff, R, C, ROUNDS, RBITS), [R, NB, BLOCK])
+        mag = _floor_m1(tl.fma(a, 1.0 / ST0, one_u)) * ST0
+    elif SR:  # the same per piece: k = (a - start) / step
         start = tl.zeros_like(a)
         step = tl.zeros_like(a) + ST0
         inv = tl.zeros_like(a) + 1.0 / ST0
-        if NSEG > 1:
-            in1 = a >= S1
-            start = tl.where(in1, S1, start)
-            step = tl.where(in1, ST1, step)
-            inv = tl.where(in1, 1.0 / ST1, inv)
+        in1 = a >= S1
+        start = tl.where(in1, S1, start)
+        step = tl.where(in1, ST1, step)
+        inv = tl.where(in1, 1.0 / ST1, inv)
         if NSEG > 2:
             in2 = a >= S2
             start = tl.where(in2, S2, start)
             step = tl.where(in2, ST2, step)
             inv = tl.where(in2, 1.0 / ST2, inv)
-        k = (a - start) * inv  # exact: steps are powers of two
         one_u = tl.reshape(_uniform(seed, roff, R, C, ROUNDS, RBITS), [R, NB, BLOCK])
-        mag = _floor_m1(k + one_u) * step + start
+        # (a - start) * inv and the result times step plus start are exact (powers of two)
+        mag = tl.fma(_floor_m1(tl.fma(a - start, inv, one_u)), step, start)
     else:  # RNE of a to a multiple of its piece's step: (a + step 2^23) - step 2^23
         if E2M1:  # step * 2^23 with E2M1's step at a
             big = _pow2_floor_1(a) * 4194304.0
