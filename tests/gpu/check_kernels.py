@@ -341,6 +341,15 @@ def fp8_operands(sz):
         xs = randn(*shape, seed=24, dtype=dt)
         for dim in (-1, 0):
             fp8_same(xs, "mxfp4", f"{shape} {dt} dim={dim}", dim=dim)
+    # blocks down to fp32's subnormals, 200 binades below the top: the kernel folds the inverse
+    # tensor scale into the block scales, whose products go subnormal there (FP8: +-0 either way)
+    g = torch.Generator(device=DEV).manual_seed(25)
+    xw = torch.randn(4096, 1024, generator=g, device=DEV)
+    xw = xw * torch.exp2(torch.randint(-150, 60, (4096, 1), generator=g, device=DEV).float())
+    for name in ("mxfp4", "mxint4"):
+        for f8 in (fp4.E4M3, fp4.E5M2):
+            for dim in (-1, 0):
+                fp8_same(xw, name, f"{name} {f8} dim={dim}, 200 binades", dim=dim, fp8=f8)
     (a, sa), (b, sb) = kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,
                                              seed_col=3, fp8=(fp4.E5M2, fp4.E5M2))
     fa = kernels.fake_quant(x, "mxint4", dim=1, rounding="sr", seed=3, dtype=torch.float32)
@@ -451,7 +460,7 @@ def run_all(sz):
         check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear_backends(sz, rn, False))
     check("FP4Linear nvfp4 with SR dy: close", lambda: linear_backends(sz, "nvfp4", True))
     check("tensor amax (NVFP4: after the RHT; FP8: plain) == max |x| (3 times each)", tensor_amax)
-    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT)",
+    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT; 200 binades)",
           lambda: fp8_operands(sz))
     check("FP8 GEMM vs the exact product of its operands (fc2 shape)", lambda: fp8_gemm_exact(sz))
     check("fp8_from_packed == reference (mxfp4, mxint4; e4m3, e5m2; both dims, RHT)",
