@@ -569,6 +569,35 @@ def test_sr_seeds_and_consistency():
         assert_same(ca[1], cb[1])
 
 
+def test_sr_on_grids_of_several_uniform_pieces(monkeypatch):
+    """SR on a grid of two or three uniform pieces (no format uses one yet; the kernels take up
+    to three): every value lands on one of the two grid levels around x / scale, most often the
+    nearer one, and the packed path draws the same values; RTNE equals the reference."""
+    grids = {"pieces2": (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0),
+             "pieces3": (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 4.0, 6.0)}
+    for name, levels in grids.items():
+        monkeypatch.setitem(fp4.GRIDS, name, fp4.Grid(name, levels))
+        fmt = f"{name}/16/fp32"
+        x = randn(64, 64, seed=17)
+        assert_same(kernels.fake_quant(x, fmt, dtype=torch.float32), fp4.fake_quant(x, fmt, dtype=torch.float32))
+        q = fp4.quantize(x, fmt)
+        scale = q.scales.repeat_interleave(16, -1)
+        t = (x.abs() / scale).clamp(max=levels[-1])
+        lv = torch.tensor(levels)
+        lo = lv[(torch.searchsorted(lv, t, right=True) - 1).clamp(min=0)]
+        hi = lv[torch.searchsorted(lv, t).clamp(max=len(levels) - 1)]
+        near = torch.where(t - lo <= hi - t, lo, hi)
+        hits = 0
+        for seed in range(8):
+            y = kernels.fake_quant(x, fmt, rounding="sr", seed=seed, dtype=torch.float32)
+            m = y.abs() / scale  # (the level, to an ulp of the fp32 scale's round trip)
+            on = lambda v: (m - v).abs() <= 1e-5 * levels[-1]  # noqa: E731
+            assert (on(lo) | on(hi)).all(), (name, seed)
+            hits += on(near).float().mean().item() / 8
+            assert_same(kernels.dequantize(kernels.quantize(x, fmt, rounding="sr", seed=seed), torch.float32), y)
+        assert hits > 0.6, (name, hits)
+
+
 def test_sr_saturates_blocks_with_subnormal_scales():
     # amax / qmax below the normal range loses bits, so x / scale can pass qmax: SR must still
     # saturate (a code past qmax would flip the sign when packed), packed and fake agreeing
