@@ -1320,7 +1320,8 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, top_ptr, fp8_scale_ptr, out_p
                     ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
     """codes [A, NR, NK/2] + scales -> values in the original layout (batch a, strides). TO_FP8
     (fp8_from_packed): top_ptr holds the largest block scale's bits; the values are divided by the
-    FP8 scale it gives (a power of two: a multiply), which the first program stores."""
+    FP8 scale it gives (a power of two: a multiply of each block scale; the same FP8 bytes, as
+    _quant_tile's FP8 sides argue), which the first program stores."""
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     a = tl.program_id(2).to(tl.int64)
@@ -1348,13 +1349,13 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, top_ptr, fp8_scale_ptr, out_p
         ft = tl.where(ts > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
         st = ts * ft
         sc = sc * ft
+    if TO_FP8:  # a power of two, folded into the block scales (as _quant_tile's FP8 sides)
+        sc = sc * inv
     mag = _grid_mag(code & 7, E2M1, NSEG, S1, S2, ST0, ST1, ST2, I1, I2)
     v = tl.reshape(tl.reshape(mag, [BR, NB, BLOCK]) * sc[:, :, None], [BR, BK])
     if HAS_TS:
         v = _div(v, tl.broadcast_to(tl.div_rn(tl.zeros_like(st) + 1.0, st), [BR, BK]),
                  tl.broadcast_to(-st, [BR, BK]))
-    if TO_FP8:
-        v = v * inv  # a power of two: the exact quotient, as fp4's division
     out = (v.to(tl.int32, bitcast=True) | ((code & sign_bit) << 28)).to(tl.float32, bitcast=True)
     kk = pid_k * BK + tl.arange(0, BK)
     if TRANS:

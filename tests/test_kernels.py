@@ -1020,14 +1020,19 @@ def test_to_fp8_zero_empty_and_nonfinite_tensors(special):
 def test_fp8_from_packed_through_kernels(name, monkeypatch):
     """kernels.fp8_from_packed (the scales' max, then the dequantize kernel writing the FP8 values
     and the scale): the reference's bits and scale, blocks out of e4m3's window included (rows
-    over 2^-12..2^12, one block 2^-30 below); zero, empty and NaN tensors."""
+    over 2^-12..2^12, one block 2^-30 below; rows over 2^-150..2^60); zero, empty and NaN
+    tensors."""
     x = torch.randn(64, 96) * torch.exp2(torch.randint(-12, 12, (64, 1)).float())
     x[:32, 7] *= 2.0 ** -30
     nan = x.clone()
     nan[5, 9] = float("nan")
+    # blocks 200 binades below the top: the kernel folds the FP8 scale into the block scales,
+    # whose products go below fp32's normal range there (FP8: +-0 either way)
+    wide = torch.randn(64, 96) * torch.exp2(torch.randint(-150, 60, (64, 1)).float())
+    wide[3] = -0.0
     cases = [(x, 0, 16, fp4.E4M3), (x, -1, None, fp4.E5M2), (x, 0, None, fp4.E4M3),
              (torch.zeros(64, 32), 0, None, fp4.E4M3), (torch.zeros(0, 32), -1, None, fp4.E4M3),
-             (nan, 0, None, fp4.E5M2)]
+             (nan, 0, None, fp4.E5M2), (wide, 0, None, fp4.E4M3), (wide, -1, None, fp4.E5M2)]
     for x, dim, rht, fp8 in cases:
         q = fp4.quantize(x, name, dim=dim, rht=rht)
         want = fp4.fp8_from_packed(q, fp8)
