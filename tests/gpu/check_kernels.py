@@ -315,11 +315,15 @@ def fp8_same(x, name, what, **kw):
 
 
 def tensor_amax():
-    """The amax pass behind NVFP4's and FP8's tensor scales: max |x| exactly, for row and
-    column loads, every time (row loads of whole 32-groups per thread once gave a wrong
-    maximum now and then: docs/kernels.md, the amax pass)."""
+    """The amax passes behind the tensor scales: max |x| exactly, every time. NVFP4's
+    (_tensor_amax) for row and column loads, 32- and 16-blocks, with and without RHT (row loads
+    of whole 32-groups per thread once gave a wrong maximum now and then: docs/kernels.md, the
+    amax pass); an FP8 side's plain amax (_flat_amax)."""
     for shape in ((4096, 3072), (4096, 2048), (768, 3072), (4096, 1024), (8192, 2048)):
         x = randn(*shape, seed=24)
+        for _ in range(3):
+            got = kernels._flat_amax(x).view(torch.float32).item()
+            assert got == x.float().abs().max().item(), f"{shape} flat amax {got}"
         for col, rht in ((False, None), (False, 16), (True, 16)):
             want = (fp4.rht_transform(x.float(), rht, 0 if col else -1) if rht else x.float()).abs().max().item()
             for name in ("mxint4", "nvfp4"):
@@ -459,7 +463,7 @@ def run_all(sz):
     for rn in ("ufp4", "nvfp4", "mxfp4", "e2m1"):
         check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear_backends(sz, rn, False))
     check("FP4Linear nvfp4 with SR dy: close", lambda: linear_backends(sz, "nvfp4", True))
-    check("tensor amax (NVFP4: after the RHT; FP8: plain) == max |x| (3 times each)", tensor_amax)
+    check("tensor amax (NVFP4: after the RHT; FP8: flat, plain) == max |x| (3 times each)", tensor_amax)
     check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT; 200 binades)",
           lambda: fp8_operands(sz))
     check("FP8 GEMM vs the exact product of its operands (fc2 shape)", lambda: fp8_gemm_exact(sz))
