@@ -391,13 +391,14 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, amax=
     return values.movedim(-1, dim), scale
 
 def tensor_amax(t):
-    """max |t| as a 0-dim fp32 tensor (NaN if t holds one; 0 if empty). Row maxima first: the
-    layer computes it outside its op so that the compiler can fold the pass into the kernel that
-    makes t (a LayerNorm, an activation, a gradient's assembly) instead of reading t once more
-    (docs/performance.md, FP8 GEMMs)."""
+    """max |t| as a 0-dim fp32 tensor (NaN if t holds one; 0 if empty). Per row first: the layer
+    computes it outside its op so that the compiler can fold the pass into the kernel that makes
+    t (a LayerNorm, an activation, a gradient's assembly) instead of reading t once more
+    (docs/performance.md, FP8 GEMMs); aminmax, so that eager mode makes no |t| copy."""
     if not t.numel():
         return t.new_zeros((), dtype=torch.float32)
-    return t.abs().amax(dim=-1).amax().float()
+    lo, hi = torch.aminmax(t, dim=-1)
+    return torch.maximum(lo.abs(), hi.abs()).amax().float()
 
 def fp8_from_packed(q, fp8=E4M3):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
