@@ -397,7 +397,7 @@ def tensor_amax(t):
     (docs/performance.md, FP8 GEMMs); aminmax, so that eager mode makes no |t| copy."""
     if not t.numel():
         return t.new_zeros((), dtype=torch.float32)
-    lo, hi = torch.aminmax(t, dim=-1)
+    lo, hi = torch.aminmax(t.detach(), dim=-1)  # (aminmax has no derivative)
     return torch.maximum(lo.abs(), hi.abs()).amax().float()
 
 def fp8_from_packed(q, fp8=E4M3):
