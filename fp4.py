@@ -299,22 +299,21 @@ def _per_side(value, kind, name):
     raise ValueError(f"{name} must be one value for both sides or a (row, col) pair, got {value!r}")
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
-                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None,
-                  amax=None):
+                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None):
     """A 2D tensor [M, K] quantized row-wise (blocks along dim 1) and column-wise (along dim 0),
     each side with its own format, rounding, RHT and seed (fmt_col, rounding_col: the row side's
     unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, quantize's where
     `packed` (a bool, or one per side) says so, to_fp8's where `fp8` (an FP8 dtype, or one dtype
-    or None per side) gives a dtype; amax as to_fp8's. Here two calls; kernels.py reads x once."""
+    or None per side) gives a dtype. Here two calls; kernels.py reads x once."""
     fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
     kernels = kernels_for(x)
     if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
-                                     seed_col, (pr, pc), dtype, fp8, amax)
+                                     seed_col, (pr, pc), dtype, fp8)
     f8r, f8c = check_fp8_sides(fmt, fmt_col, pr, pc, fp8)
     sides = ((fmt, rounding, rht, seed, pr, f8r, 1),
              (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, f8c, 0))
-    return tuple(quantize(x, f, d, r, h, s) if p else to_fp8(x, f, d, r, h, s, f8, amax) if f8 else
+    return tuple(quantize(x, f, d, r, h, s) if p else to_fp8(x, f, d, r, h, s, f8) if f8 else
                  fake_quant(x, f, d, r, h, s, dtype) for f, r, h, s, p, f8, d in sides)
 
 # FP8 operands. With power-of-two block scales (e8m0) every quantized value q * 2^e is a small
@@ -372,33 +371,22 @@ def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8):
             check_fp8(f, f8)
     return f8r, f8c
 
-def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, amax=None):
+def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
     """x quantized as quantize() quantizes it, as (values, scale): FP8 values of x's shape with
     `dim` contiguous in memory (the layout torch._scaled_mm wants of a GEMM operand reduced along
     it), and the fp32 tensor scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
     bit for bit except in blocks more than the FP8 window below the scale's bound
-    (fp8_inexact_blocks). amax: max |x| (a 0-dim tensor, as tensor_amax gives it) where the
-    caller has it, so that x is not read for it here."""
+    (fp8_inexact_blocks)."""
     fmt = check_fp8(fmt, fp8)
     dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
     kernels = kernels_for(x)
     if kernels:
-        return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8, amax=amax)
+        return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8)
     q = quantize(x, fmt, dim, rounding, rht, seed)
-    scale = fp8_scale(tensor_amax(x) if amax is None else amax, fmt, fp8, rht)
+    scale = fp8_scale(x.abs().amax() if x.numel() else x.new_zeros(()), fmt, fp8, rht)
     values = (dequantize(q, torch.float32).movedim(dim, -1) / scale).to(fp8)
     return values.movedim(-1, dim), scale
-
-def tensor_amax(t):
-    """max |t| as a 0-dim fp32 tensor (NaN if t holds one; 0 if empty). Per row first: the layer
-    computes it outside its op so that the compiler can fold the pass into the kernel that makes
-    t (a LayerNorm, an activation, a gradient's assembly) instead of reading t once more
-    (docs/performance.md, FP8 GEMMs); aminmax, so that eager mode makes no |t| copy."""
-    if not t.numel():
-        return t.new_zeros((), dtype=torch.float32)
-    lo, hi = torch.aminmax(t.detach(), dim=-1)  # (aminmax has no derivative)
-    return torch.maximum(lo.abs(), hi.abs()).amax().float()
 
 def fp8_from_packed(q, fp8=E4M3):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
@@ -669,17 +657,17 @@ def _operands(recipe, seeds):
                       Operand("wgrad_dy", g, g.sr_a, seed.wgrad_dy),
                       Operand("wgrad_x", g, g.sr_b, seed.wgrad_x))
 
-def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None, amax=None):
+def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
     """Operand t as its GEMM sees it: fake-quantized along its reduction dim `dim`, or as is.
     packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit); fp8
-    (an FP8 dtype): to_fp8's (values, scale; amax: t's, if known). Inside probe_alphas() it is recorded under
+    (an FP8 dtype): to_fp8's (values, scale). Inside probe_alphas() it is recorded under
     (layer tag, op.name), an FP8 operand with its blocks out of the FP8 window."""
     if not op.gemm.fmt:
         return t.to(dtype)
     fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr, op.weight)
     how = dict(dim=dim, rounding=rounding, rht=rht, seed=op.seed)
     if fp8:
-        q = to_fp8(t, fmt, fp8=fp8, amax=amax, **how)
+        q = to_fp8(t, fmt, fp8=fp8, **how)
     elif packed:
         q = quantize(t, fmt, **how)
     else:
@@ -693,7 +681,7 @@ def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None, amax=None):
             _record_probe((tag, op.name), ref, dequantize(q, dtype) if packed else q)
     return q
 
-def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None, amax=None):
+def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
     """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col;
     fp8: None, or the (row, col) FP8 dtypes, None for a side not in FP8): on the Triton path from
     one read of t (kernels.quantize_both, the same bits as two calls) when both sides quantize;
@@ -702,9 +690,9 @@ def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None, a
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = (_qparams(o.gemm, recipe, o.sr, o.weight) for o in (row, col))
         return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
-                             (f8r, f8c), amax)
-    return (_operand(t, row, recipe, -1, dtype, tag, fp8=f8r, amax=amax),
-            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c, amax=amax))
+                             (f8r, f8c))
+    return (_operand(t, row, recipe, -1, dtype, tag, fp8=f8r),
+            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c))
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -818,20 +806,18 @@ def _gemm(a, b, offs, dtype, fp32=False):
         return _fp8_mm(a, b, torch.float32 if fp32 else dtype)
     return _mm(a, b, offs, fp32)
 
-def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None, x_amax=None):
+def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x) as a QTensor,
     quantized along the padded tokens now, while x is at hand, so x need not be kept (on FP8
-    GEMMs too: backward turns it into FP8 with fp8_from_packed). fp8: x and W in e4m3 (x_amax:
-    x's tensor_amax, if known). wq: Q(W) as FP4Linear.cache_weight made it, else W is quantized
-    here."""
+    GEMMs too: backward turns it into FP8 with fp8_from_packed). fp8: x and W in e4m3. wq: Q(W)
+    as FP4Linear.cache_weight made it, else W is quantized here."""
     op = _operands(recipe, seeds)
     e4 = E4M3 if fp8 else None
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     if packs and _unpadded(x, counts, recipe, dtype):
-        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True,
-                               fp8=(e4, None), amax=x_amax)
+        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True, fp8=(e4, None))
     else:
-        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4, amax=x_amax)
+        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
         if packs:
             xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
                           _wgrad_dtype(x, dtype), tag, packed=True)
@@ -839,21 +825,18 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq
     return _gemm(xq, _t(wq), _group_ends(counts), dtype), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
-              fp8=False, wq=None, amaxes=(None, None)):
+              fp8=False, wq=None):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) packed as forward saved it. On FP8 GEMMs
-    (fp8) dy is e5m2 (gradients need its range), W and x e4m3; amaxes: dy's and x's
-    tensor_amax, where known. wq: Dgrad's Q(W) if cached."""
+    (fp8) dy is e5m2 (gradients need its range), W and x e4m3. wq: Dgrad's Q(W) if cached."""
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
-    dy_amax, x_amax = amaxes  # (zero rows that pad Wgrad's operands leave them as they are)
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
-        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=(e5, e5),
-                                   amax=dy_amax)
+        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=(e5, e5))
     elif need_dx:
-        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5, amax=dy_amax)
+        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
     if need_dx:
         wq = wq if wq is not None else _operand(weight, op.dgrad_w, recipe, -2, dtype, tag, fp8=e4)
         dx = _gemm(dyq, wq, _group_ends(counts), dtype).to(x_dtype)
@@ -861,12 +844,11 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         wdtype = _wgrad_dtype(dy, dtype)
         dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
         if dyq_w is None:
-            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5, amax=dy_amax)
+            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
         if isinstance(x_or_q, QTensor):
             xq = _wgrad_x_fp8(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
         else:
-            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag,
-                          fp8=e4, amax=x_amax)
+            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag, fp8=e4)
         dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True).to(weight.dtype)
     return dx, dw
 
@@ -911,22 +893,21 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 # tagged random: the compiler must neither merge two calls nor recompute one in backward
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
-               tag: str, pack_x: bool, weight_q: list[_Tensor],
-               x_amax: _OptTensor) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+               tag: str, pack_x: bool, weight_q: list[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
     tensor scale (empty tensors where there is none). weight_q: [] or the weight's cached FP8
-    operands (_cached_pairs). x_amax: x's tensor_amax on FP8 GEMMs (_amax_outside), else None."""
+    operands (_cached_pairs)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device),
-                    _cached_pairs(weight_q)[0], x_amax)
+                    _cached_pairs(weight_q)[0])
     if q is None:
         return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
     return y, seed, q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
 
 @_linear_op.register_fake
-def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q, x_amax):
+def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
     r = _RECIPES_BY_KEY[recipe]
     empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
     y = empty(x.shape[0], weight.shape[-2], dt=dtype)
@@ -951,42 +932,38 @@ def _saved_x(x_saved, recipe, x_dtype):
 def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: _Tensor,
                         x_saved: list[_Tensor], weight_q: list[_Tensor], recipe: str,
                         dtype: torch.dtype, x_dtype: torch.dtype, tag: str, need_dx: bool,
-                        need_dw: bool, dy_amax: _OptTensor, x_amax: _OptTensor) -> tuple[_Tensor, _Tensor]:
+                        need_dw: bool) -> tuple[_Tensor, _Tensor]:
     """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale].
-    weight_q: as _linear_op's. dy_amax, x_amax: their tensor_amax on FP8 GEMMs, else None."""
+    weight_q: as _linear_op's."""
     r = _RECIPES_BY_KEY[recipe]
     dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype, tag, seed,
-                       need_dx, need_dw, _uses_fp8(r, counts, dy.device), _cached_pairs(weight_q)[1],
-                       (dy_amax, x_amax))
+                       need_dx, need_dw, _uses_fp8(r, counts, dy.device), _cached_pairs(weight_q)[1])
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))
 
 @_linear_backward_op.register_fake
-def _(dy, weight, counts, seed, x_saved, weight_q, recipe, dtype, x_dtype, tag, need_dx, need_dw,
-      dy_amax, x_amax):
+def _(dy, weight, counts, seed, x_saved, weight_q, recipe, dtype, x_dtype, tag, need_dx, need_dw):
     return (dy.new_empty((dy.shape[0], weight.shape[-1]) if need_dx else (0,), dtype=x_dtype),
             weight.new_empty(weight.shape if need_dw else (0,)))
 
 def _setup_context(ctx, inputs, output):
-    x, weight, counts, recipe, dtype, tag, pack_x, weight_q, x_amax = inputs
+    x, weight, counts, recipe, dtype, tag, pack_x, weight_q = inputs
     _, seed, codes, scales, s_enc = output
     packed = _packs_wgrad_x(_RECIPES_BY_KEY[recipe], pack_x)
-    ctx.save_for_backward(weight, counts, seed, x_amax, *weight_q,
-                          *((codes, scales, s_enc) if packed else (x,)))
+    ctx.save_for_backward(weight, counts, seed, *weight_q, *((codes, scales, s_enc) if packed else (x,)))
     ctx.n_weight_q = len(weight_q)
     ctx.mark_non_differentiable(seed, codes, scales, s_enc)
     ctx.set_materialize_grads(False)
     ctx.recipe, ctx.dtype, ctx.x_dtype, ctx.tag = recipe, dtype, x.dtype, tag
 
 def _linear_autograd(ctx, dy, *_):
-    weight, counts, seed, x_amax, *rest = ctx.saved_tensors
+    weight, counts, seed, *rest = ctx.saved_tensors
     weight_q, x_saved = rest[:ctx.n_weight_q], rest[ctx.n_weight_q:]
     need_dx, need_dw = ctx.needs_input_grad[:2]
     dx, dw = _linear_backward_op(dy, weight, counts, seed, x_saved, weight_q, ctx.recipe,
-                                 ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw,
-                                 _amax_outside(dy, ctx.recipe, counts), x_amax)
+                                 ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw)
     return (dx if need_dx else None, dw if need_dw else None, None, None, None, None, None,
-            [None] * ctx.n_weight_q, None)
+            [None] * ctx.n_weight_q)
 
 _linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
 
@@ -994,11 +971,6 @@ def _compute_dtype(x):
     if torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-
-def _amax_outside(t, recipe, counts):
-    """t's tensor_amax where the layer runs on FP8 GEMMs, else None. Computed outside the ops, in
-    code the compiler sees, which can then fold it into the kernel that made t."""
-    return tensor_amax(t) if _uses_fp8(_RECIPES_BY_KEY[recipe], counts, t.device) else None
 
 def _cached_pairs(weight_q):
     """[Fprop's values, scale, Dgrad's values, scale] -> (Fprop's Q(W), Dgrad's Q(W)) as FP8
@@ -1016,8 +988,7 @@ def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=()):
         x = x.to(dtype)
     pack_x = pack_x and torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad
     with torch.autocast(x.device.type, enabled=False):
-        return _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q),
-                          _amax_outside(x, key, counts))[0]
+        return _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q))[0]
 
 def fp4_linear(x, weight, recipe, counts=None, tag=""):
     """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a

@@ -1149,9 +1149,8 @@ class _Side:
         self.seed = _seed(seed, device) if rounding == "sr" else 0
 
 
-def _run(x3, row, col, out_dtype, cfg=None, amax=None):
-    """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs. amax: FP8
-    sides' max |x3| if the caller has it (fp4.to_fp8)."""
+def _run(x3, row, col, out_dtype, cfg=None):
+    """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
     A, M, N = x3.shape
     dev = x3.device
     heavy = any(s and s.rounding == "sr" and s.fmt.scale == "fp32" and _grid_meta_cached(s.fmt.grid)["NSEG"] > 1
@@ -1187,7 +1186,7 @@ def _run(x3, row, col, out_dtype, cfg=None, amax=None):
         amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
         amaxes = {s: amax for s in nv}
     if fp8:
-        amax = _flat_amax(x3) if amax is None else amax.float().reshape(1).view(torch.int32)
+        amax = _flat_amax(x3)
         amaxes.update({s: amax for s in fp8})
     args = []
     for side, col_side in ((row, False), (col, True)):
@@ -1266,12 +1265,12 @@ def _result(side, x, dim):
     return side.fake.view(x.shape)
 
 
-def _quantize_one(x, fmt, dim, rounding, rht, seed, out_dtype, cfg, packed=False, fp8=None, amax=None):
+def _quantize_one(x, fmt, dim, rounding, rht, seed, out_dtype, cfg, packed=False, fp8=None):
     """x quantized along dim in one orientation (blocks along N, or along M of _as3's view)."""
     fmt, dim = _prep(x, fmt, dim, rht)
     x3, is_col = _as3(x, dim)
     side = _Side(fmt, rounding, rht, seed, x.device, packed, fp8)
-    _run(x3, None if is_col else side, side if is_col else None, out_dtype, cfg, amax)
+    _run(x3, None if is_col else side, side if is_col else None, out_dtype, cfg)
     return _result(side, x, dim)
 
 
@@ -1286,27 +1285,26 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None,
     return _quantize_one(x, fmt, dim, rounding, rht, seed, dtype or x.dtype, _cfg)
 
 
-def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, amax=None, _cfg=None):
+def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, _cfg=None):
     """fp4.to_fp8: (FP8 values of x's shape with `dim` contiguous, fp32 tensor scale), from the
-    tensor-amax pass (none when amax is given) and one quantize pass."""
+    tensor-amax pass and one quantize pass."""
     fp4.check_fp8(fmt, fp8)
-    return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, fp8=fp8, amax=amax)
+    return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, fp8=fp8)
 
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
                   rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None,
-                  amax=None, _cfg=None):
+                  _cfg=None):
     """fp4.quantize_both: a 2D tensor [M, K] quantized row-wise (blocks along dim 1) and
     column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant,
     quantize (if packed) or to_fp8 (if fp8) returns for dim=1 and dim=0 with that side's format,
     rounding, RHT and seed, the same bits as those two calls. packed: a bool, or one per side
-    (row, col); fp8: None, an FP8 dtype for both sides, or one dtype (or None) per side; amax:
-    as to_fp8's."""
+    (row, col); fp8: None, an FP8 dtype for both sides, or one dtype (or None) per side."""
     fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
     f8r, f8c = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8)
     row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r)
     col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c)
-    _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg, amax)
+    _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
     return _result(row, x, 1), _result(col, x, 0)
 
 

@@ -318,14 +318,12 @@ def tensor_amax():
     """The amax passes behind the tensor scales: max |x| exactly, every time. NVFP4's
     (_tensor_amax) for row and column loads, 32- and 16-blocks, with and without RHT (row loads
     of whole 32-groups per thread once gave a wrong maximum now and then: docs/kernels.md, the
-    amax pass); an FP8 side's plain amax (_flat_amax, and fp4.tensor_amax, the layer's)."""
+    amax pass); an FP8 side's plain amax (_flat_amax)."""
     for shape in ((4096, 3072), (4096, 2048), (768, 3072), (4096, 1024), (8192, 2048)):
         x = randn(*shape, seed=24)
         for _ in range(3):
             got = kernels._flat_amax(x).view(torch.float32).item()
             assert got == x.float().abs().max().item(), f"{shape} flat amax {got}"
-            got = fp4.tensor_amax(x).item()
-            assert got == x.float().abs().max().item(), f"{shape} fp4.tensor_amax {got}"
         for col, rht in ((False, None), (False, 16), (True, 16)):
             want = (fp4.rht_transform(x.float(), rht, 0 if col else -1) if rht else x.float()).abs().max().item()
             for name in ("mxint4", "nvfp4"):
@@ -347,8 +345,6 @@ def fp8_operands(sz):
         xs = randn(*shape, seed=24, dtype=dt)
         for dim in (-1, 0):
             fp8_same(xs, "mxfp4", f"{shape} {dt} dim={dim}", dim=dim)
-            fp8_same(xs, "mxint4", f"{shape} {dt} dim={dim}, amax given", dim=dim,
-                     amax=fp4.tensor_amax(xs))
     # blocks down to fp32's subnormals, 200 binades below the top: the kernel folds the inverse
     # tensor scale into the block scales, whose products go subnormal there (FP8: +-0 either way)
     g = torch.Generator(device=DEV).manual_seed(25)
@@ -358,12 +354,8 @@ def fp8_operands(sz):
         for f8 in (fp4.E4M3, fp4.E5M2):
             for dim in (-1, 0):
                 fp8_same(xw, name, f"{name} {f8} dim={dim}, 200 binades", dim=dim, fp8=f8)
-    pair = lambda **kw: kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,  # noqa: E731
-                                              seed_col=3, fp8=(fp4.E5M2, fp4.E5M2), **kw)
-    (a, sa), (b, sb) = pair()
-    for (v, s), (va, s_a) in zip(((a, sa), (b, sb)), pair(amax=fp4.tensor_amax(x))):
-        same(va.view(torch.uint8), v.view(torch.uint8), "pair with its amax given")
-        same(s_a, s, "pair with its amax given: scale")
+    (a, sa), (b, sb) = kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,
+                                             seed_col=3, fp8=(fp4.E5M2, fp4.E5M2))
     fa = kernels.fake_quant(x, "mxint4", dim=1, rounding="sr", seed=3, dtype=torch.float32)
     fb = kernels.fake_quant(x, "mxint4", dim=0, rht=16, rounding="sr", seed=3, dtype=torch.float32)
     same(a.float() * sa, fa, "pair row (SR) vs fake_quant")
@@ -472,7 +464,7 @@ def run_all(sz):
         check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear_backends(sz, rn, False))
     check("FP4Linear nvfp4 with SR dy: close", lambda: linear_backends(sz, "nvfp4", True))
     check("tensor amax (NVFP4: after the RHT; FP8: flat, plain) == max |x| (3 times each)", tensor_amax)
-    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT; 200 binades; amax given)",
+    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT; 200 binades)",
           lambda: fp8_operands(sz))
     check("FP8 GEMM vs the exact product of its operands (fc2 shape)", lambda: fp8_gemm_exact(sz))
     check("fp8_from_packed == reference (mxfp4, mxint4; e4m3, e5m2; both dims, RHT)",
