@@ -4,6 +4,7 @@ bench.py: training throughput and memory of several recipes on one config, in on
     python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4,e2m1,nvfp4,mxfp4
     python bench.py configs/gpu/moe_gpt2_small_bf16.py --recipes=bf16,ufp4 --iters=20 --compile=True
     python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,mxfp4,mxfp4+recipe_fp8_gemm=True
+    python bench.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,mxfp4+recipe_fp8_gemm=True --rounds=2
 
 A recipe may carry train.py overrides of its own after '+' (ufp4+recipe_format=mxint4; no commas
 in them: --recipes is a comma list).
@@ -12,6 +13,9 @@ Each recipe is a real `train.main` run (no second trainer) with the same model, 
 `--warmup` steps, then `--iters` timed steps, no eval until the end. Step time is the median of
 the timed steps' `dt_ms` from log.jsonl; peak memory is torch.cuda.max_memory_allocated over the
 run (each recipe starts from a reset compiler: no CUDA-graph memory left by the one before).
+A recipe that runs after another in the process can run a few % slower than alone
+(results/bench/order_effect.md): --rounds=2 runs the list, then again in reverse order, and
+takes each recipe's median over its rounds, so that every recipe runs early and late.
 Extra --key=value arguments go to train.py. Writes OUT/bench.json and OUT/bench.md, with the
 command, date, device and library versions, and ratios to the first recipe.
 """
@@ -48,6 +52,8 @@ def check_args(args, extra):
     """Every problem with the command before the first recipe runs: one line (ValueError)."""
     if args.warmup < 0 or args.iters < 1:
         raise ValueError(f"--warmup must be >= 0 and --iters >= 1 (got {args.warmup}, {args.iters})")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1 (got {args.rounds})")
     specs = [r for r in args.recipes.split(",") if r]
     if not specs:
         raise ValueError("--recipes is empty: give a comma list, e.g. --recipes=bf16,ufp4")
@@ -85,6 +91,31 @@ def bench_one(config, spec, warmup, iters, out_dir, extra):
                 loss_last=steps[-1]["loss"])
 
 
+def combine(runs):
+    """One recipe's row from its rounds' rows: the median step time (and the tokens/s and MFU
+    it gives), the largest peak memory, each round's step time in step_ms_rounds."""
+    row = dict(runs[0])
+    row["step_ms"] = statistics.median(r["step_ms"] for r in runs)
+    row["tok_per_s"] = row["tokens_per_iter"] / row["step_ms"] * 1000
+    mfus = [r["mfu"] for r in runs if r["mfu"] is not None]
+    row["mfu"] = statistics.median(mfus) if mfus else None
+    if row["peak_mem_gib"] is not None:
+        row["peak_mem_gib"] = max(r["peak_mem_gib"] for r in runs)
+    row["step_ms_rounds"] = [r["step_ms"] for r in runs]
+    return row
+
+
+def run_rounds(args, recipes, extra):
+    """Every recipe once per round, every other round in reverse order: -> rows in --recipes order."""
+    runs = {r: [] for r in recipes}
+    for k in range(args.rounds):
+        for r in (recipes if k % 2 == 0 else recipes[::-1]):
+            print(f"--- {r}" + (f" (round {k + 1} of {args.rounds})" if args.rounds > 1 else ""), flush=True)
+            out = os.path.join(args.out, *([f"round{k + 1}"] if args.rounds > 1 else []), r.replace("/", "_"))
+            runs[r].append(bench_one(args.config, r, args.warmup, args.iters, out, extra))
+    return [combine(runs[r]) for r in recipes]
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config")
@@ -92,6 +123,8 @@ def main(argv):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", default="out/bench")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the list this many times, every other time in reverse order; the median per recipe")
     args, extra = p.parse_known_args(argv)
     try:
         recipes = check_args(args, extra)
@@ -99,11 +132,7 @@ def main(argv):
         sys.exit(f"error: {e}")
     if not torch.cuda.is_available():
         print("note: no GPU: these are CPU timings of the torch reference, not FP4 speed")
-    rows = []
-    for r in recipes:
-        print(f"--- {r}", flush=True)
-        rows.append(bench_one(args.config, r, args.warmup, args.iters,
-                              os.path.join(args.out, r.replace("/", "_")), extra))
+    rows = run_rounds(args, recipes, extra)
     base = rows[0]
     for row in rows:
         row["speed_vs_first"] = row["tok_per_s"] / base["tok_per_s"]
@@ -124,14 +153,16 @@ def main(argv):
     lines = [f"`{env['command']}` on {env['date']}, {env['device']}, torch {env['torch']}, "
              f"triton {env['triton']}" + ("" if torch.cuda.is_available() else
                                           " (CPU timings of the torch reference, not FP4 speed)"), "",
-             f"| recipe | step ms | tokens/s | vs {base['recipe']} | MFU | peak GiB | mem vs {base['recipe']} |",
-             "|---|---|---|---|---|---|---|"]
+             f"| recipe | step ms | tokens/s | vs {base['recipe']} | MFU | peak GiB | mem vs {base['recipe']} |"
+             + (" step ms by round |" if args.rounds > 1 else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if args.rounds > 1 else "")]
     for r in rows:
         mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] else "-"
         rel = f"{r['mem_vs_first']:.2f}" if r.get("mem_vs_first") else "-"
         mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "-"
         lines.append(f"| {r['recipe']} | {r['step_ms']:.1f} | {r['tok_per_s']:,.0f} | "
-                     f"{r['speed_vs_first']:.3f} | {mfu} | {mem} | {rel} |")
+                     f"{r['speed_vs_first']:.3f} | {mfu} | {mem} | {rel} |"
+                     + (f" {', '.join(f'{t:.1f}' for t in r['step_ms_rounds'])} |" if args.rounds > 1 else ""))
     text = "\n".join(lines)
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(text + "\n")

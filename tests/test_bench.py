@@ -29,6 +29,32 @@ def test_bench_twice_into_one_out(tmp_path):
     assert [r["iter"] for r in log if r["type"] == "train"] == [0, 1, 2]   # the second run's alone
 
 
+def test_rounds_alternate_the_order_and_take_the_median(tmp_path, monkeypatch):
+    """--rounds=3: the list, reversed, then again; each recipe's step time is its median round,
+    tokens/s follows from it, and the table lists every round."""
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    extra = [a for a in tiny_args(ds, "unused", max_iters=0)
+             if a[2:].split("=")[0] not in bench.OWN_KEYS]
+    config = tmp_path / "tiny.py"
+    config.write_text("n_layer = 2\n")
+    real, ran = bench.bench_one, []
+
+    def timed(config, spec, warmup, iters, out_dir, extra):  # a known step time per call
+        ran.append((spec, os.path.relpath(out_dir, tmp_path / "bench")))
+        return dict(real(config, spec, warmup, iters, out_dir, extra), step_ms=float(len(ran)))
+    monkeypatch.setattr(bench, "bench_one", timed)
+    rows = bench.main([str(config), "--recipes=bf16,ufp4", "--warmup=0", "--iters=1", "--rounds=3",
+                       f"--out={tmp_path / 'bench'}"] + extra)
+    assert ran == [("bf16", "round1/bf16"), ("ufp4", "round1/ufp4"), ("ufp4", "round2/ufp4"),
+                   ("bf16", "round2/bf16"), ("bf16", "round3/bf16"), ("ufp4", "round3/ufp4")]
+    assert [r["step_ms_rounds"] for r in rows] == [[1.0, 4.0, 5.0], [2.0, 3.0, 6.0]]
+    assert [r["step_ms"] for r in rows] == [4.0, 3.0]
+    assert rows[1]["tok_per_s"] == rows[1]["tokens_per_iter"] / 3.0 * 1000
+    assert rows[1]["speed_vs_first"] == 4.0 / 3.0
+    table = open(tmp_path / "bench" / "bench.md").read()
+    assert "| step ms by round |" in table and "| 2.0, 3.0, 6.0 |" in table
+
+
 def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
     """One line for each, before a recipe runs; a train.py key bench.py sets itself is refused
     (an --out_dir given through would be overwritten)."""
@@ -40,6 +66,7 @@ def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
     for args, msg in (([f"--out_dir={victim}"], "--out_dir: set by bench.py itself"),
                       (["--recipes=fp5"], "unknown recipe 'fp5'"), (["--recipes="], "empty"),
                       (["--iters=0"], "--iters >= 1"), (["--warmup=-1"], "--warmup must be >= 0"),
+                      (["--rounds=0"], "--rounds must be >= 1"),
                       (["--recipes=bf16,ufp4+recipe_format=foo"], "unknown format 'foo'")):
         with pytest.raises(SystemExit, match=msg):
             bench.main([str(config), f"--out={tmp_path / 'bench'}"] + args)
