@@ -4,15 +4,19 @@
 #            bf16/ufp4) and its MoE of similar active size; the CUDA-graph table is dev/gpu_perf.sh
 #   fp8      the FP8-GEMM checks of tests/gpu/check_kernels.py, then the CUDA-graph table of the
 #            power-of-two-scaled recipes on FP8 GEMMs (opt-in: recipe_fp8_gemm=True) with mxfp4
-#            on bf16 GEMMs beside them, dense GPT-2 small (about 8 minutes)
-#   fp8_wide the tables (no check) of the wide 24 x 2048 model where the GEMMs dominate (a recipe
-#            took about 150 s there) and of the MoE (about 9 minutes): one device call each
+#            on bf16 GEMMs beside them, dense GPT-2 small
+#   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (a recipe
+#            took about 90 s there)
+#   fp8_moe  the table of the MoE
+# The FP8 tables run their recipe list forward and back (--rounds=2: a recipe that runs after
+# another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
+# meant for one device call (at most 10 minutes; not yet timed with two rounds).
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
 #            eager; results/kernels/fp8_window_mxint4.md): about 6 minutes
 #   kernels  tests/gpu/check_kernels.py, --quick then at full size, each split over 4 processes
 #            that compile at once (--part=k/4; the quick check took 55 s so, 200+ s in one)
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -36,11 +40,12 @@ recipes)
 fp8)
     timeout 150 python3 tests/gpu/check_kernels.py --quick --only=fp8 > "$OUT/check_fp8.log" 2>&1
     tail -16 "$OUT/check_fp8.log"
-    one fp8_gemm_dense 320 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 $G \
+    one fp8_gemm_dense 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxint4+$F,ufp4+recipe_format=int4/16/e8m0+$F,mxfp4 ;;
 fp8_wide)
-    one fp8_gemm_wide 340 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=6 $G --recipes=bf16,mxfp4+$F
-    one fp8_gemm_moe 200 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 $G --recipes=bf16,mxfp4+$F ;;
+    one fp8_gemm_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=6 --rounds=2 $G --recipes=bf16,mxfp4+$F ;;
+fp8_moe)
+    one fp8_gemm_moe 500 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G --recipes=bf16,mxfp4+$F ;;
 checks)
     timeout 300 python3 tests/gpu/check_compile.py > "$OUT/check_compile.log" 2>&1
     grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
@@ -59,6 +64,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_wide, checks or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_wide, fp8_moe, checks or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
