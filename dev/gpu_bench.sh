@@ -8,14 +8,14 @@
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (a recipe
 #            took about 90 s there)
 #   fp8_moe  the table of the MoE
-# The FP8 tables run their recipe list forward and back (--rounds=2: a recipe that runs after
-# another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
-# meant for one device call (at most 10 minutes; not yet timed with two rounds).
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
 #            eager; results/kernels/fp8_window_mxint4.md): about 6 minutes
 #   kernels  tests/gpu/check_kernels.py, --quick then at full size, each split over 4 processes
 #            that compile at once (--part=k/4; the quick check took 55 s so, 200+ s in one)
+# The FP8 tables run their recipe list forward and back (--rounds=2: a recipe that runs after
+# another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
+# meant for one device call (at most 10 minutes; not yet timed with two rounds).
 # Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
