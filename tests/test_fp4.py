@@ -958,6 +958,84 @@ def test_fp8_scale_edges():
     assert scale(3e38, fp4.E4M3, 128) == 2.0 ** 123    # the bound past fp32's range: still finite
 
 
+def test_fp8_scale_hinted_follows_the_rule():
+    """The hinted scale: that of an amax one binade above the hint's, while this call's amax lies
+    in the hint's binade +1, +0 or -1; else (or with no hint, amax 0, Inf or NaN) fp8_scale's."""
+    def hinted(amax, hint_amax):
+        hint = fp4.new_fp8_hint() if hint_amax is None else \
+            fp4.next_fp8_hint(fp4.new_fp8_hint(), torch.tensor(hint_amax), torch.tensor(False))
+        s, redone = fp4.fp8_scale_hinted(torch.tensor(amax), hint, "mxint4", fp4.E4M3)
+        return s.item(), bool(redone)
+    exact = lambda amax: fp4.fp8_scale(torch.tensor(amax), "mxint4", fp4.E4M3).item()  # noqa: E731
+    assert hinted(5.0, None) == (exact(5.0), True)
+    for amax in (2.0, 3.9, 4.0, 7.9, 8.0, 15.9):      # binades 1, 2, 3 around the hint's 2 (5.0)
+        assert hinted(amax, 5.0) == (exact(8.0), False), amax
+    for amax in (1.9, 16.0, 0.0):
+        assert hinted(amax, 5.0) == (exact(amax), True), amax
+    for amax in (float("nan"), float("inf")):
+        s, redone = hinted(amax, 5.0)
+        assert math.isnan(s) and redone
+    assert hinted(1.0, float("nan")) == (exact(1.0), True)  # a NaN hint is no hint
+    g = torch.Generator().manual_seed(3)
+    for _ in range(200):  # never below fp8_scale (no overflow), at most FP8_HINT[1] binades above
+        a, h = torch.exp2(torch.randn(2, generator=g) * 30).tolist()
+        s, _ = hinted(a, h)
+        assert exact(a) <= s <= exact(a) * 2 ** fp4.FP8_HINT[1], (a, h)
+
+
+def test_to_fp8_with_a_hint_state():
+    """Each call leaves its amax and counts in the next state; the values times the scale are
+    fake_quant's as without a hint; quantize_both's FP8 sides share one state."""
+    x = torch.randn(64, 96)
+    x = x / x.abs().amax() * 5  # amax 5, 6, 500, 450: binades 2, 2, 8, 8
+    hint = fp4.new_fp8_hint()
+    for i, mult in enumerate((1.0, 1.2, 100.0, 90.0)):
+        v, s, hint = fp4.to_fp8(x * mult, "mxfp4", dim=0, fp8=fp4.E5M2, hint=hint)
+        assert torch.equal(v.float() * s, fp4.fake_quant(x * mult, "mxfp4", dim=0, dtype=torch.float32))
+        assert hint.view(torch.float32)[0] == (x * mult).abs().amax()
+        assert s == fp4.fp8_scale((x * mult).abs().amax(), "mxfp4", fp4.E5M2) * (1 if i in (0, 2) else 2)
+    assert hint.tolist()[1:] == [2, 4]  # the first call and the 100x one redone
+    (a, sa), q, nxt = fp4.quantize_both(x, "mxint4", packed=(False, True), fp8=(fp4.E4M3, None), hint=hint)
+    assert torch.equal(a.float() * sa, fp4.fake_quant(x, "mxint4", dtype=torch.float32))
+    assert nxt.tolist()[1:] == [3, 5] and isinstance(q, fp4.QTensor)
+    (a, sa), (b, sb), nxt = fp4.quantize_both(x, "mxint4", fp8=fp4.E5M2, hint=nxt)
+    assert nxt.tolist()[1:] == [3, 6] and sa == sb
+    for bad, match in ((torch.zeros(3), "int32"), (torch.zeros(2, dtype=torch.int32), "int32")):
+        with pytest.raises(ValueError, match=match):
+            fp4.to_fp8(x, "mxint4", hint=bad)
+    with pytest.raises(ValueError, match="with fp8 set"):
+        fp4.quantize_both(x, "mxint4", hint=fp4.new_fp8_hint())
+
+
+def test_fp8_layer_keeps_hint_states():
+    """FP4Linear on FP8 GEMMs: x's state follows each forward, dy's each backward; the first call
+    is redone (no hint yet); y, dx, dW equal those of a layer whose hints were reset before each
+    call (exact scales: the operands differ by powers of two only)."""
+    torch.manual_seed(0)
+    r = fp4.make_recipe("mxint4", fp8_gemm=True, sr_dy=False)
+    lin, fresh = fp4.FP4Linear(96, 64, bias=False, recipe=r), fp4.FP4Linear(96, 64, bias=False, recipe=r)
+    fresh.weight = lin.weight
+    for call in range(3):
+        x = torch.randn(32, 96) * (1 + call / 10)
+        outs = []
+        for layer in (lin, fresh):
+            if layer is fresh:
+                fresh.fp8_hint_x.copy_(fp4.new_fp8_hint()), fresh.fp8_hint_dy.copy_(fp4.new_fp8_hint())
+            xi = x.clone().requires_grad_()
+            lin.weight.grad = None
+            y = layer(xi)
+            y.backward(torch.ones_like(y) * 1e-3)
+            outs.append((y, xi.grad, lin.weight.grad))
+        for a, b in zip(*outs):
+            assert torch.equal(a, b)
+        assert lin.fp8_hint_x.view(torch.float32)[0] == x.abs().amax()
+    assert lin.fp8_hint_x.tolist()[1:] == [1, 3] and lin.fp8_hint_dy.tolist()[1:] == [1, 3]
+    assert "fp8_hint_x" not in lin.state_dict()  # not checkpoint state
+    ufp4 = fp4.FP4Linear(96, 64, recipe="ufp4")
+    ufp4(torch.randn(8, 96)).sum().backward()
+    assert ufp4.fp8_hint_x.tolist() == [-1, 0, 0]  # no FP8 GEMMs: no hints
+
+
 @pytest.mark.parametrize("rht", [16, 32, 128])
 @pytest.mark.parametrize("fp8", [fp4.E4M3, fp4.E5M2])
 def test_to_fp8_scale_bounds_the_rht(rht, fp8):

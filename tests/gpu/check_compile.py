@@ -244,6 +244,7 @@ def cached_weights():
     runs = []
     for cache in (True, False):
         torch._dynamo.reset()
+        counters.clear()
         m = gpt(fp4.make_recipe("mxfp4", fp8_gemm=True))
         n = fp4.cache_weights(m) if cache else 0
         comp = train.torch_compile(m, mode="default" if CPU else "reduce-overhead")
@@ -260,11 +261,18 @@ def cached_weights():
             if cache:
                 fp4.cache_weights(m)
         runs.append((n, losses))
+        hints = [h.tolist() for mod in m.modules() if isinstance(mod, fp4.FP4Linear)
+                 for h in (mod.fp8_hint_x, mod.fp8_hint_dy)]
+        skips = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k and "skip" in k and v}
         del m, comp, opt
     (n, cached), (_, fresh) = runs
     report(n > 0 and cached == fresh, "weights cached per optimizer step (mxfp4 on FP8 GEMMs, "
            "compiled): the same losses as quantizing them in every call, over 4 AdamW steps",
            f"{n} layers; losses {' '.join(f'{v:.6f}' for v in cached)} vs {' '.join(f'{v:.6f}' for v in fresh)}")
+    # the hint states are buffers the compiled graphs write (x's in forward, dy's in backward)
+    report(not skips and all(h[2] == 4 for h in hints) and all(h[1] < 4 for h in hints),
+           "FP8 hint states advance in the compiled model (4 calls counted per x and dy, fewer "
+           "redone), no cudagraph skip", f"{len(hints)} states, e.g. {hints[:2]}; skips {skips}")
     torch._dynamo.reset()
 
 
