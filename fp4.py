@@ -1242,6 +1242,21 @@ def cache_weights(model):
     Returns the number of layers that cache."""
     return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 
+def fp8_hint_summary(model):
+    """{"fp8_redone": {"x": fraction, "dy": fraction}}: of the calls of model's FP4Linears on FP8
+    GEMMs so far, the fraction whose x or dy scale the hint missed (fp8_scale_hinted: a second
+    quantize pass); {} when no layer has made a call on FP8 GEMMs. Reads the states (a host sync)."""
+    counts = {"x": [0, 0], "dy": [0, 0]}
+    for m in model.modules():
+        if isinstance(m, FP4Linear):
+            for name, state in (("x", m.fp8_hint_x), ("dy", m.fp8_hint_dy)):
+                redone, calls = state[1:].tolist()
+                counts[name][0] += redone
+                counts[name][1] += calls
+    if not any(calls for _, calls in counts.values()):
+        return {}
+    return {"fp8_redone": {k: round(r / c, 6) if c else None for k, (r, c) in counts.items()}}
+
 def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
     """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
     GroupedLinears), except blocks the recipe keeps in bf16 and the modules named in `keep` with

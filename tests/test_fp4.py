@@ -1030,10 +1030,11 @@ def test_fp8_layer_keeps_hint_states():
             assert torch.equal(a, b)
         assert lin.fp8_hint_x.view(torch.float32)[0] == x.abs().amax()
     assert lin.fp8_hint_x.tolist()[1:] == [1, 3] and lin.fp8_hint_dy.tolist()[1:] == [1, 3]
+    assert fp4.fp8_hint_summary(lin) == {"fp8_redone": {"x": round(1 / 3, 6), "dy": round(1 / 3, 6)}}
     assert "fp8_hint_x" not in lin.state_dict()  # not checkpoint state
     ufp4 = fp4.FP4Linear(96, 64, recipe="ufp4")
     ufp4(torch.randn(8, 96)).sum().backward()
-    assert ufp4.fp8_hint_x.tolist() == [-1, 0, 0]  # no FP8 GEMMs: no hints
+    assert ufp4.fp8_hint_x.tolist() == [-1, 0, 0] and fp4.fp8_hint_summary(ufp4) == {}  # no FP8 GEMMs
 
 
 @pytest.mark.parametrize("rht", [16, 32, 128])
