@@ -1192,9 +1192,8 @@ class FP4Linear(_Quantized, nn.Linear):
     def forward(self, x):
         if not self.recipe.quantized:
             return F.linear(x, self.weight, self.bias)
-        hints = (self.fp8_hint_x, self.fp8_hint_dy) if _uses_fp8(self.recipe, None, x.device) else ()
         y = _apply(x.reshape(-1, x.shape[-1]), self.weight, None, self._recipe_key, self.tag,
-                   self.pack_x, self._weight_q(), hints)
+                   self.pack_x, self._weight_q(), (self.fp8_hint_x, self.fp8_hint_dy))
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 

@@ -358,6 +358,11 @@ def _seed(seed, device):
     return int(seed) % (2**31 - 1)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 def _cdiv(a, b):  # triton.cdiv costs microseconds of host time per call (constexpr unwrapping)
     return -(-a // b)
 
@@ -860,7 +865,7 @@ def _store_t(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, EVE
 
 
 @triton.jit
-def _quant_kernel(x_ptr, M, N,
+def _quant_kernel(x_ptr, A, M, N,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed, hint_ptr,
                   BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
@@ -880,7 +885,7 @@ def _quant_kernel(x_ptr, M, N,
                   C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
                   C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr,
                   HINT: tl.constexpr, UP: tl.constexpr, DOWN: tl.constexpr):
-    """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
+    """x: [A, M, N] contiguous; one [BM, BN] tile per program (_quant_tile_job). Row side: blocks along N (codes
     [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
     in fp4.py); fake outputs in x's layout; EVEN: M % BM == N % BN == 0 (no masks). Each side
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
@@ -895,23 +900,72 @@ def _quant_kernel(x_ptr, M, N,
     those it read last, still in L2.
     HINT (FP8 sides; fp4.fp8_scale_hinted): 1, the first pass: the scale from the hint state at
     hint_ptr, and max |x| of each tile into the FP8 sides' amax (the next state's first int);
-    2, the second pass, launched after it: every program returns at once unless the call is
-    redone, which then quantizes as without a hint, on that amax."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    a = tl.program_id(2)
-    if (DO_ROW and (R_SCALE == 1 or R_FP8 > 0)) or (DO_COL and (C_SCALE == 1 or C_FP8 > 0)):
-        pid_m = tl.num_programs(0) - 1 - pid_m
-        pid_n = tl.num_programs(1) - 1 - pid_n
-        a = tl.num_programs(2) - 1 - a
-    first = pid_m + pid_n + a == 0
-    if HINT == 2:
+    2, the second pass, launched after it on a grid of a few programs per SM (A: x's first
+    dim): they return at once unless the call is redone, and then quantize every tile again,
+    in turn, as without a hint, on that amax. (A full grid of programs that return at once
+    still costs each one its launch.)"""
+    if HINT == 2:  # persistent: a few programs, which return unless the call is redone
         if DO_ROW and R_FP8 > 0:
-            redo = _hint_redo(hint_ptr, r_amax, UP, DOWN, first)
+            redo = _hint_redo(hint_ptr, r_amax, UP, DOWN, tl.program_id(0) == 0)
         else:
-            redo = _hint_redo(hint_ptr, c_amax, UP, DOWN, first)
-        if not redo:
-            return
+            redo = _hint_redo(hint_ptr, c_amax, UP, DOWN, tl.program_id(0) == 0)
+        if redo:
+            tiles_m = tl.cdiv(M, BM)
+            tiles_mn = tiles_m * tl.cdiv(N, BN)
+            for t in range(tl.program_id(0), tiles_mn * A, tl.num_programs(0)):
+                _quant_tile_job(t % tiles_m, t % tiles_mn // tiles_m, t // tiles_mn,
+                                x_ptr, M, N, r_fake, r_codes, r_scales, r_amax, r_senc, r_signs,
+                                r_seed, c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
+                                hint_ptr, BM, BN, EVEN, ROWLOAD, ROUNDS, RBITS, DO_ROW, R_FAKE,
+                                R_PACKED, R_G, R_QMAX, R_EMAX, R_E2M1, R_NSEG, R_S1, R_S2, R_ST0,
+                                R_ST1, R_ST2, R_I1, R_I2, R_BLOCK, R_SCALE, R_B2D, R_SR, R_RHT,
+                                R_INV, R_SMASK, R_SEEDPTR, R_FP8, DO_COL, C_FAKE, C_PACKED, C_G,
+                                C_QMAX, C_EMAX, C_E2M1, C_NSEG, C_S1, C_S2, C_ST0, C_ST1, C_ST2,
+                                C_I1, C_I2, C_BLOCK, C_SCALE, C_B2D, C_SR, C_RHT, C_INV, C_SMASK,
+                                C_SEEDPTR, C_FP8, HINT, UP, DOWN)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        a = tl.program_id(2)
+        if (DO_ROW and (R_SCALE == 1 or R_FP8 > 0)) or (DO_COL and (C_SCALE == 1 or C_FP8 > 0)):
+            pid_m = tl.num_programs(0) - 1 - pid_m
+            pid_n = tl.num_programs(1) - 1 - pid_n
+            a = tl.num_programs(2) - 1 - a
+        _quant_tile_job(pid_m, pid_n, a,
+                        x_ptr, M, N, r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
+                        c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed, hint_ptr, BM,
+                        BN, EVEN, ROWLOAD, ROUNDS, RBITS, DO_ROW, R_FAKE, R_PACKED, R_G, R_QMAX,
+                        R_EMAX, R_E2M1, R_NSEG, R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
+                        R_BLOCK, R_SCALE, R_B2D, R_SR, R_RHT, R_INV, R_SMASK, R_SEEDPTR, R_FP8,
+                        DO_COL, C_FAKE, C_PACKED, C_G, C_QMAX, C_EMAX, C_E2M1, C_NSEG, C_S1, C_S2,
+                        C_ST0, C_ST1, C_ST2, C_I1, C_I2, C_BLOCK, C_SCALE, C_B2D, C_SR, C_RHT,
+                        C_INV, C_SMASK, C_SEEDPTR, C_FP8, HINT, UP, DOWN)
+
+
+@triton.jit
+def _quant_tile_job(pid_m, pid_n, a, x_ptr, M, N,
+                  r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
+                  c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed, hint_ptr,
+                  BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
+                  ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr, DO_ROW: tl.constexpr,
+                  R_FAKE: tl.constexpr, R_PACKED: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
+                  R_E2M1: tl.constexpr, R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
+                  R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
+                  R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
+                  R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
+                  R_RHT: tl.constexpr, R_INV: tl.constexpr, R_SMASK: tl.constexpr,
+                  R_SEEDPTR: tl.constexpr, R_FP8: tl.constexpr, DO_COL: tl.constexpr,
+                  C_FAKE: tl.constexpr, C_PACKED: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
+                  C_E2M1: tl.constexpr, C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
+                  C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
+                  C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
+                  C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
+                  C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
+                  C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr,
+                  HINT: tl.constexpr, UP: tl.constexpr, DOWN: tl.constexpr):
+    """_quant_kernel's work on tile (pid_m, pid_n) of x[a] (the first tile's program stores the
+    tensor scales)."""
+    first = pid_m + pid_n + a == 0
     a = a.to(tl.int64)
     m0 = pid_m * BM
     n0 = pid_n * BN
@@ -920,7 +974,7 @@ def _quant_kernel(x_ptr, M, N,
     if DO_ROW:
         xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if HINT == 1 and R_FP8 > 0:
-            _atomic_amax(r_amax, tl.abs(xr))
+            _atomic_amax_above(r_amax, tl.abs(xr))
         if R_RHT > 0:
             xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
         s_enc = 1.0
@@ -947,7 +1001,7 @@ def _quant_kernel(x_ptr, M, N,
     if DO_COL:
         xc = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G, EVEN)  # [BN, BM]: blocks along M
         if HINT == 1 and C_FP8 > 0 and not (DO_ROW and R_FP8 > 0):  # (else the row loads gave it)
-            _atomic_amax(c_amax, tl.abs(xc))
+            _atomic_amax_above(c_amax, tl.abs(xc))
         if C_RHT > 0:
             xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
         s_enc = 1.0
@@ -1041,6 +1095,16 @@ def _atomic_amax(part, v):
 @triton.jit
 def _atomic_max_bits(part, m):
     tl.atomic_max(part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
+
+
+@triton.jit
+def _atomic_amax_above(part, v):
+    """_atomic_amax, skipped where the value there is already at least as large: thousands of
+    programs of one launch take turns at one address otherwise. (A stale read is never above the
+    true value, so no larger amax is lost.)"""
+    m = _amax(_amax(v, 1), 0)
+    bits = tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True))
+    tl.atomic_max(part, bits, mask=bits > tl.load(part))
 
 
 @triton.jit
@@ -1276,7 +1340,8 @@ def _run(x3, row, col, out_dtype, cfg=None, hint=None):
         for hint_pass in (1, 2) if new_hint is not None else (0,):
             meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0,
                                          mode, PHILOX_ROUNDS, nw, SR_BITS, hint_pass)
-            _launch(_quant_kernel, grid, (x3, M, N, *args, dummy if hint is None else hint), meta, meta_key)
+            _launch(_quant_kernel, grid if hint_pass < 2 else (min(_cdiv(M, BM) * _cdiv(N, BN) * A, _sm_count(dev) * 2), 1, 1),
+                    (x3, A, M, N, *args, dummy if hint is None else hint), meta, meta_key)
     elif new_hint is not None:  # no program ran: an empty tensor's amax is 0, which redoes
         new_hint = fp4.next_fp8_hint(hint, torch.zeros((), device=dev), torch.tensor(True, device=dev))
     for side in (row, col):

@@ -95,7 +95,7 @@ def compile_quant(row, col, BM, BN, nw, mode, hint=0):
     ptr = {"x_ptr": "*bf16", "r_fake": fake[0], "c_fake": fake[1], "r_codes": "*u8",
            "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32",
            "hint_ptr": "*i32"}
-    return compile_sm(fn, meta, _types(fn, ("M", "N"), ptr, "*fp32"),
+    return compile_sm(fn, meta, _types(fn, ("A", "M", "N"), ptr, "*fp32"),
                         dict(num_warps=meta["num_warps"], enable_fp_fusion=False),
                         aligned_except=("r_seed", "c_seed"))
 
