@@ -299,33 +299,22 @@ def _per_side(value, kind, name):
     raise ValueError(f"{name} must be one value for both sides or a (row, col) pair, got {value!r}")
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
-                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None,
-                  hint=None):
+                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None):
     """A 2D tensor [M, K] quantized row-wise (blocks along dim 1) and column-wise (along dim 0),
     each side with its own format, rounding, RHT and seed (fmt_col, rounding_col: the row side's
     unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, quantize's where
     `packed` (a bool, or one per side) says so, to_fp8's where `fp8` (an FP8 dtype, or one dtype
-    or None per side) gives a dtype. hint: the FP8 sides' hint state (both sides see the same
-    amax); the result is (row, col, next state) then. Here two calls; kernels.py reads x once."""
+    or None per side) gives a dtype. Here two calls; kernels.py reads x once."""
     fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
     kernels = kernels_for(x)
     if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
-                                     seed_col, (pr, pc), dtype, fp8, hint)
+                                     seed_col, (pr, pc), dtype, fp8)
     f8r, f8c = check_fp8_sides(fmt, fmt_col, pr, pc, fp8)
-    check_fp8_hint(hint, f8r, f8c)
     sides = ((fmt, rounding, rht, seed, pr, f8r, 1),
              (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, f8c, 0))
-    out, new = [], ()
-    for f, r, h, s, p, f8, d in sides:
-        if f8 and hint is not None:  # (both FP8 sides give the same next state)
-            *q, new = to_fp8(x, f, d, r, h, s, f8, hint)
-            new = (new,)
-            out.append(tuple(q))
-        else:
-            out.append(quantize(x, f, d, r, h, s) if p else to_fp8(x, f, d, r, h, s, f8) if f8 else
-                       fake_quant(x, f, d, r, h, s, dtype))
-    return tuple(out) + new
+    return tuple(quantize(x, f, d, r, h, s) if p else to_fp8(x, f, d, r, h, s, f8) if f8 else
+                 fake_quant(x, f, d, r, h, s, dtype) for f, r, h, s, p, f8, d in sides)
 
 # FP8 operands. With power-of-two block scales (e8m0) every quantized value q * 2^e is a small
 # integer (int4) or half-integer (e2m1) times a power of two: below one power-of-two scale per
@@ -351,49 +340,8 @@ def fp8_scale(amax, fmt, fp8, rht=None):
     FP8_MIN_EXP; 1 for an all-zero tensor, NaN if amax is NaN or Inf. No block scale after the RHT
     exceeds the bound, so one plain read of x sets the scale (docs/formats.md, FP8 GEMMs)."""
     amax = amax.float()
-    scale = torch.exp2(_fp8_exponent(_binade(amax), fmt, fp8, rht).float())
-    return torch.where(amax.isfinite(), torch.where(amax > 0, scale, 1.0), float("nan"))
-
-def _binade(a):
-    """floor(log2 a) of a non-negative fp32 tensor, read off its exponent bits: -127 for 0 and
-    subnormals (whose block scale is 2^-127 anyway), 128 for Inf and NaN."""
-    return ((a.float().view(torch.int32) >> 23) & 0xFF) - 127
-
-def _fp8_exponent(binade, fmt, fp8, rht):
-    """E of fp8_scale for an amax in that binade."""
-    emax = math.floor(math.log2(GRIDS[get_format(fmt).grid].qmax))
-    return ((binade - emax).clamp(min=-127) + fp8_bound(rht) - FP8_ROOM[fp8]).clamp(min=FP8_MIN_EXP)
-
-# The hinted scale: the amax of the previous call on the same operand (a layer's x, its dy) sets
-# this call's scale, so the kernels quantize without a pass over x first (docs/formats.md, FP8
-# GEMMs). It takes FP8_HINT[0] binades of headroom above that amax; if this call's amax lies
-# above them or more than FP8_HINT[1] binades below, the kernels quantize x again on fp8_scale.
-FP8_HINT = (1, 2)
-
-def new_fp8_hint(device=None):
-    """An operand's hint state, int32 [3]: the last amax (its fp32 bits; -1: none yet), the calls
-    that needed a second pass, the calls."""
-    return torch.tensor([-1, 0, 0], dtype=torch.int32, device=device)
-
-def fp8_scale_hinted(amax, hint, fmt, fp8, rht=None):
-    """to_fp8's scale under a hint state: (scale, redone). The scale an amax FP8_HINT[0] binades
-    above the hint's would get, unless amax's binade is above that or more than FP8_HINT[1]
-    below it, amax is 0, Inf or NaN, or there is no hint: then fp8_scale(amax), and redone is
-    True. So the scale is never below fp8_scale's (no block overflows) and at most FP8_HINT[1]
-    binades above it (the exact window loses at most that at its bottom)."""
-    amax = amax.float()
-    bits = hint[0]
-    have = (bits >= 0) & (bits < 0x7F800000)
-    top = ((bits >> 23) & 0xFF) - 127 + FP8_HINT[0]
-    cur = _binade(amax)
-    redone = ~have | ~((amax > 0) & amax.isfinite()) | (cur > top) | (cur < top - FP8_HINT[1])
-    hinted = torch.exp2(_fp8_exponent(top, fmt, fp8, rht).float())
-    return torch.where(redone, fp8_scale(amax, fmt, fp8, rht), hinted), redone
-
-def next_fp8_hint(hint, amax, redone):
-    """The hint state after a call with this amax: it holds amax, counts the call and whether it
-    was redone."""
-    return torch.stack([amax.float().view(torch.int32), hint[1] + redone.int(), hint[2] + 1]).to(torch.int32)
+    top = block_scales(amax, GRIDS[get_format(fmt).grid], "e8m0")
+    return torch.where(amax.isfinite(), _fp8_scale_above(top, fp8, fp8_bound(rht)), float("nan"))
 
 def _fp8_scale_above(top, fp8, bound=0):
     """2^(log2 top + bound - FP8_ROOM[fp8]) for the largest block scale `top` (a power of two),
@@ -423,40 +371,22 @@ def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8):
             check_fp8(f, f8)
     return f8r, f8c
 
-def check_fp8_hint(hint, *fp8):
-    """A hint state (new_fp8_hint) checked, for a call with these FP8 sides' dtypes."""
-    if hint is None:
-        return None
-    if not any(fp8):
-        raise ValueError("a hint state sets FP8 scales: pass it with fp8 set")
-    if not isinstance(hint, torch.Tensor) or hint.dtype != torch.int32 or tuple(hint.shape) != (3,):
-        raise ValueError(f"a hint state is the int32 [3] tensor of new_fp8_hint(), got {hint!r}")
-    return hint
-
-def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, hint=None):
+def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
     """x quantized as quantize() quantizes it, as (values, scale): FP8 values of x's shape with
     `dim` contiguous in memory (the layout torch._scaled_mm wants of a GEMM operand reduced along
     it), and the fp32 tensor scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
     bit for bit except in blocks more than the FP8 window below the scale's bound
-    (fp8_inexact_blocks). hint (a state from new_fp8_hint): the scale is fp8_scale_hinted's, and
-    the result is (values, scale, the next hint state)."""
+    (fp8_inexact_blocks)."""
     fmt = check_fp8(fmt, fp8)
-    check_fp8_hint(hint, fp8)
     dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
     kernels = kernels_for(x)
     if kernels:
-        return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8, hint=hint)
+        return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8)
     q = quantize(x, fmt, dim, rounding, rht, seed)
-    amax = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
-    if hint is None:
-        scale = fp8_scale(amax, fmt, fp8, rht)
-    else:
-        scale, redone = fp8_scale_hinted(amax, hint, fmt, fp8, rht)
+    scale = fp8_scale(x.abs().amax() if x.numel() else x.new_zeros(()), fmt, fp8, rht)
     values = (dequantize(q, torch.float32).movedim(dim, -1) / scale).to(fp8)
-    if hint is None:
-        return values.movedim(-1, dim), scale
-    return values.movedim(-1, dim), scale, next_fp8_hint(hint, amax, redone)
+    return values.movedim(-1, dim), scale
 
 def fp8_from_packed(q, fp8=E4M3):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
@@ -727,21 +657,16 @@ def _operands(recipe, seeds):
                       Operand("wgrad_dy", g, g.sr_a, seed.wgrad_dy),
                       Operand("wgrad_x", g, g.sr_b, seed.wgrad_x))
 
-def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None, hint=None):
+def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
     """Operand t as its GEMM sees it: fake-quantized along its reduction dim `dim`, or as is.
     packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit); fp8
-    (an FP8 dtype): to_fp8's (values, scale), and with a hint state (operand, next state).
-    Inside probe_alphas() it is recorded under (layer tag, op.name), an FP8 operand with its
-    blocks out of the FP8 window."""
+    (an FP8 dtype): to_fp8's (values, scale). Inside probe_alphas() it is recorded under
+    (layer tag, op.name), an FP8 operand with its blocks out of the FP8 window."""
     if not op.gemm.fmt:
         return t.to(dtype)
     fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr, op.weight)
     how = dict(dim=dim, rounding=rounding, rht=rht, seed=op.seed)
-    new = ()
-    if fp8 and hint is not None:
-        *q, new = to_fp8(t, fmt, fp8=fp8, hint=hint, **how)
-        q, new = tuple(q), (new,)
-    elif fp8:
+    if fp8:
         q = to_fp8(t, fmt, fp8=fp8, **how)
     elif packed:
         q = quantize(t, fmt, **how)
@@ -754,26 +679,20 @@ def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None, hint=None):
             _record_probe((tag, op.name), ref, fake, fp8_inexact_blocks(*q, fake, fmt, dim))
         else:
             _record_probe((tag, op.name), ref, dequantize(q, dtype) if packed else q)
-    return (q, *new) if new else q
+    return q
 
-def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None, hint=None):
+def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
     """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col;
     fp8: None, or the (row, col) FP8 dtypes, None for a side not in FP8): on the Triton path from
     one read of t (kernels.quantize_both, the same bits as two calls) when both sides quantize;
-    else two calls. hint: the FP8 sides' hint state; returns (row, col, next state) then."""
+    else two calls."""
     f8r, f8c = fp8 or (None, None)
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = (_qparams(o.gemm, recipe, o.sr, o.weight) for o in (row, col))
         return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
-                             (f8r, f8c), hint)
-    out, new = [], ()
-    for op, dim, f8, packed in ((row, -1, f8r, False), (col, 0, f8c, packed_col)):
-        if f8 and hint is not None and op.gemm.fmt:  # (both FP8 sides give the same next state)
-            q, *new = _operand(t, op, recipe, dim, dtype, tag, fp8=f8, hint=hint)
-            out.append(q)
-        else:
-            out.append(_operand(t, op, recipe, dim, dtype, tag, packed=packed, fp8=f8))
-    return (*out, *new)
+                             (f8r, f8c))
+    return (_operand(t, row, recipe, -1, dtype, tag, fp8=f8r),
+            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c))
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -887,49 +806,37 @@ def _gemm(a, b, offs, dtype, fp32=False):
         return _fp8_mm(a, b, torch.float32 if fp32 else dtype)
     return _mm(a, b, offs, fp32)
 
-def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None, hint=None):
+def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x) as a QTensor,
     quantized along the padded tokens now, while x is at hand, so x need not be kept (on FP8
-    GEMMs too: backward turns it into FP8 with fp8_from_packed). fp8: x and W in e4m3, x's scale
-    from the hint state `hint` if given. wq: Q(W) as FP4Linear.cache_weight made it, else W is
-    quantized here. Returns (y, Wgrad's Q(x) or None, x's next hint state or None)."""
+    GEMMs too: backward turns it into FP8 with fp8_from_packed). fp8: x and W in e4m3. wq: Q(W)
+    as FP4Linear.cache_weight made it, else W is quantized here."""
     op = _operands(recipe, seeds)
     e4 = E4M3 if fp8 else None
-    hint = hint if fp8 else None
-    xw, new, packs = None, (), _packs_wgrad_x(recipe, pack_x)
+    xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     if packs and _unpadded(x, counts, recipe, dtype):
-        xq, xw, *new = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True,
-                                     fp8=(e4, None), hint=hint)
+        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True, fp8=(e4, None))
     else:
-        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4, hint=hint)
-        if hint is not None:
-            xq, *new = xq
+        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
         if packs:
             xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
                           _wgrad_dtype(x, dtype), tag, packed=True)
     wq = wq if wq is not None else _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
-    return _gemm(xq, _t(wq), _group_ends(counts), dtype), xw, (new[0] if new else None)
+    return _gemm(xq, _t(wq), _group_ends(counts), dtype), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
-              fp8=False, wq=None, hint=None):
+              fp8=False, wq=None):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) packed as forward saved it. On FP8 GEMMs
-    (fp8) dy is e5m2 (gradients need its range), its scale from the hint state `hint` if given,
-    W and x e4m3. wq: Dgrad's Q(W) if cached. Returns (dx, dW, dy's next hint state), None for
-    what is not computed."""
+    (fp8) dy is e5m2 (gradients need its range), W and x e4m3. wq: Dgrad's Q(W) if cached."""
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
-    hint = hint if fp8 else None
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
-        dyq, dyq_w, *new = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=(e5, e5),
-                                         hint=hint)
-        hint = new[0] if new else None
+        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=(e5, e5))
     elif need_dx:
-        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5, hint=hint)
-        if hint is not None:  # (a Wgrad of its own below takes the next state on)
-            dyq, hint = dyq
+        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
     if need_dx:
         wq = wq if wq is not None else _operand(weight, op.dgrad_w, recipe, -2, dtype, tag, fp8=e4)
         dx = _gemm(dyq, wq, _group_ends(counts), dtype).to(x_dtype)
@@ -937,15 +844,13 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         wdtype = _wgrad_dtype(dy, dtype)
         dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
         if dyq_w is None:
-            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5, hint=hint)
-            if hint is not None:
-                dyq_w, hint = dyq_w
+            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
         if isinstance(x_or_q, QTensor):
             xq = _wgrad_x_fp8(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
         else:
             xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag, fp8=e4)
         dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True).to(weight.dtype)
-    return dx, dw, hint
+    return dx, dw
 
 def _wgrad_x_fp8(q, tag):
     """Wgrad's saved packed x as its e4m3 GEMM operand; inside probe_alphas() its blocks out of
@@ -988,40 +893,31 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 # tagged random: the compiler must neither merge two calls nor recompute one in backward
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
-               tag: str, pack_x: bool, weight_q: list[_Tensor],
-               hints: list[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
-    """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device), Wgrad's packed x: codes, scales,
-    tensor scale, and x's next FP8 hint state (empty tensors where there is none). weight_q: []
-    or the weight's cached FP8 operands (_cached_pairs). hints: [] or the layer's hint states
-    for x and dy (FP4Linear.fp8_hints)."""
+               tag: str, pack_x: bool, weight_q: list[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+    """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
+    tensor scale (empty tensors where there is none). weight_q: [] or the weight's cached FP8
+    operands (_cached_pairs)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
-    y, q, hint = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device),
-                          _cached_pairs(weight_q)[0], hints[0] if hints else None)
-    hint = hint if hint is not None else none(torch.int32)
+    y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device),
+                    _cached_pairs(weight_q)[0])
     if q is None:
-        return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32), hint
-    return (y, seed, q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32),
-            hint)
-
-def _hinted(r, counts, x, hints):
-    """Whether a layer call takes and returns FP8 hint states."""
-    return bool(hints) and _uses_fp8(r, counts, x.device)
+        return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
+    return y, seed, q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
 
 @_linear_op.register_fake
-def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q, hints):
+def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
     r = _RECIPES_BY_KEY[recipe]
     empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
     y = empty(x.shape[0], weight.shape[-2], dt=dtype)
     seed = torch.empty(6, dtype=torch.int64, device=_seed_device(x))
-    hint = empty(3 if _hinted(r, counts, x, hints) else 0, dt=torch.int32)
     if not _packs_wgrad_x(r, pack_x):
-        return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0), hint
+        return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
     n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
-            empty() if fmt.scale == "e4m3" else empty(0), hint)
+            empty() if fmt.scale == "e4m3" else empty(0))
 
 def _saved_x(x_saved, recipe, x_dtype):
     """Wgrad's x as forward saved it: [x] -> x; [codes, scales, tensor scale] -> its QTensor."""
@@ -1034,50 +930,40 @@ def _saved_x(x_saved, recipe, x_dtype):
 
 @torch.library.custom_op("nanofp4::linear_backward", mutates_args=())
 def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: _Tensor,
-                        x_saved: list[_Tensor], weight_q: list[_Tensor], hints: list[_Tensor],
-                        recipe: str, dtype: torch.dtype, x_dtype: torch.dtype, tag: str,
-                        need_dx: bool, need_dw: bool) -> tuple[_Tensor, _Tensor, _Tensor]:
-    """-> dx, dW, dy's next FP8 hint state (empty where not needed). x_saved: [x], or [codes,
-    scales, tensor scale]. weight_q: as _linear_op's. hints: [] or [dy's hint state]."""
+                        x_saved: list[_Tensor], weight_q: list[_Tensor], recipe: str,
+                        dtype: torch.dtype, x_dtype: torch.dtype, tag: str, need_dx: bool,
+                        need_dw: bool) -> tuple[_Tensor, _Tensor]:
+    """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale].
+    weight_q: as _linear_op's."""
     r = _RECIPES_BY_KEY[recipe]
-    dx, dw, hint = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype, tag,
-                             seed, need_dx, need_dw, _uses_fp8(r, counts, dy.device),
-                             _cached_pairs(weight_q)[1], hints[0] if hints else None)
+    dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype, tag, seed,
+                       need_dx, need_dw, _uses_fp8(r, counts, dy.device), _cached_pairs(weight_q)[1])
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
-            dw if dw is not None else weight.new_empty(0),
-            hint if hint is not None else dy.new_empty(0, dtype=torch.int32))
+            dw if dw is not None else weight.new_empty(0))
 
 @_linear_backward_op.register_fake
-def _(dy, weight, counts, seed, x_saved, weight_q, hints, recipe, dtype, x_dtype, tag, need_dx, need_dw):
-    hinted = _hinted(_RECIPES_BY_KEY[recipe], counts, dy, hints) and (need_dx or need_dw)
+def _(dy, weight, counts, seed, x_saved, weight_q, recipe, dtype, x_dtype, tag, need_dx, need_dw):
     return (dy.new_empty((dy.shape[0], weight.shape[-1]) if need_dx else (0,), dtype=x_dtype),
-            weight.new_empty(weight.shape if need_dw else (0,)),
-            dy.new_empty(3 if hinted else 0, dtype=torch.int32))
+            weight.new_empty(weight.shape if need_dw else (0,)))
 
 def _setup_context(ctx, inputs, output):
-    x, weight, counts, recipe, dtype, tag, pack_x, weight_q, hints = inputs
-    _, seed, codes, scales, s_enc, x_hint = output
+    x, weight, counts, recipe, dtype, tag, pack_x, weight_q = inputs
+    _, seed, codes, scales, s_enc = output
     packed = _packs_wgrad_x(_RECIPES_BY_KEY[recipe], pack_x)
-    # dy's hint state: saved here, written in backward (x's is written after this op: not saved)
-    ctx.save_for_backward(weight, counts, seed, *weight_q, *hints[1:],
-                          *((codes, scales, s_enc) if packed else (x,)))
-    ctx.n_weight_q, ctx.n_hints = len(weight_q), len(hints)
-    ctx.mark_non_differentiable(seed, codes, scales, s_enc, x_hint)
+    ctx.save_for_backward(weight, counts, seed, *weight_q, *((codes, scales, s_enc) if packed else (x,)))
+    ctx.n_weight_q = len(weight_q)
+    ctx.mark_non_differentiable(seed, codes, scales, s_enc)
     ctx.set_materialize_grads(False)
     ctx.recipe, ctx.dtype, ctx.x_dtype, ctx.tag = recipe, dtype, x.dtype, tag
 
 def _linear_autograd(ctx, dy, *_):
     weight, counts, seed, *rest = ctx.saved_tensors
-    weight_q, rest = rest[:ctx.n_weight_q], rest[ctx.n_weight_q:]
-    n_dy_hint = ctx.n_hints // 2
-    dy_hint, x_saved = rest[:n_dy_hint], rest[n_dy_hint:]
+    weight_q, x_saved = rest[:ctx.n_weight_q], rest[ctx.n_weight_q:]
     need_dx, need_dw = ctx.needs_input_grad[:2]
-    dx, dw, hint = _linear_backward_op(dy, weight, counts, seed, x_saved, weight_q, dy_hint, ctx.recipe,
-                                       ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw)
-    if dy_hint and hint.numel():
-        dy_hint[0].copy_(hint)
+    dx, dw = _linear_backward_op(dy, weight, counts, seed, x_saved, weight_q, ctx.recipe,
+                                 ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw)
     return (dx if need_dx else None, dw if need_dw else None, None, None, None, None, None,
-            [None] * ctx.n_weight_q, [None] * ctx.n_hints)
+            [None] * ctx.n_weight_q)
 
 _linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
 
@@ -1094,7 +980,7 @@ def _cached_pairs(weight_q):
         return None, None
     return (weight_q[0], weight_q[1]), (weight_q[2], weight_q[3])
 
-def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), hints=()):
+def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=()):
     dtype = _compute_dtype(x)  # the autocast dtype, else fp32 (fp64 stays fp64)
     if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
         # as autocast's F.linear: x in the autocast dtype (a LayerNorm's fp32 output, cast where
@@ -1102,10 +988,7 @@ def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), hints=()):
         x = x.to(dtype)
     pack_x = pack_x and torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad
     with torch.autocast(x.device.type, enabled=False):
-        out = _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q), list(hints))
-    if out[-1].numel():
-        hints[0].copy_(out[-1])
-    return out[0]
+        return _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q))[0]
 
 def fp4_linear(x, weight, recipe, counts=None, tag=""):
     """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a
@@ -1144,9 +1027,6 @@ class FP4Linear(_Quantized, nn.Linear):
         for name in self.CACHE:
             self.register_buffer(name, None, persistent=False)
         self._cached_for = None  # _cache_key() of the cached operands
-        # on FP8 GEMMs, x's and dy's scales come from the previous call's amax (fp8_scale_hinted)
-        self.register_buffer("fp8_hint_x", new_fp8_hint(device), persistent=False)
-        self.register_buffer("fp8_hint_dy", new_fp8_hint(device), persistent=False)
 
     CACHE = ("weight_fprop", "weight_fprop_scale", "weight_dgrad", "weight_dgrad_scale")
 
@@ -1193,7 +1073,7 @@ class FP4Linear(_Quantized, nn.Linear):
         if not self.recipe.quantized:
             return F.linear(x, self.weight, self.bias)
         y = _apply(x.reshape(-1, x.shape[-1]), self.weight, None, self._recipe_key, self.tag,
-                   self.pack_x, self._weight_q(), (self.fp8_hint_x, self.fp8_hint_dy))
+                   self.pack_x, self._weight_q())
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
@@ -1241,21 +1121,6 @@ def cache_weights(model):
     Returns the number of layers that cache."""
     return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 
-def fp8_hint_summary(model):
-    """{"fp8_redone": {"x": fraction, "dy": fraction}}: of the calls of model's FP4Linears on FP8
-    GEMMs so far, the fraction whose x or dy scale the hint missed (fp8_scale_hinted: a second
-    quantize pass); {} when no layer has made a call on FP8 GEMMs. Reads the states (a host sync)."""
-    counts = {"x": [0, 0], "dy": [0, 0]}
-    for m in model.modules():
-        if isinstance(m, FP4Linear):
-            for name, state in (("x", m.fp8_hint_x), ("dy", m.fp8_hint_dy)):
-                redone, calls = state[1:].tolist()
-                counts[name][0] += redone
-                counts[name][1] += calls
-    if not any(calls for _, calls in counts.values()):
-        return {}
-    return {"fp8_redone": {k: round(r / c, 6) if c else None for k, (r, c) in counts.items()}}
-
 def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
     """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
     GroupedLinears), except blocks the recipe keeps in bf16 and the modules named in `keep` with
@@ -1285,7 +1150,6 @@ def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
                 new = FP4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
                                 recipe=r, device="meta", pack_x=name not in keep_x)
                 new.weight, new.tag = mod.weight, f"{blocks_attr}.{i}.{name}"
-                new.fp8_hint_x, new.fp8_hint_dy = (new_fp8_hint(mod.weight.device) for _ in range(2))
                 if mod.bias is not None:
                     new.bias = mod.bias
                 parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
@@ -1299,10 +1163,10 @@ def _kept(name, keep):
     return any(p == k or p.endswith("." + k) for p in paths for k in keep)
 
 def saved_bytes(layer, x, dy=None):
-    """Bytes a forward of `layer` on x keeps for backward, its parameters and buffers left out;
-    then runs the backward (with dy, or ones), so what was kept is shown to suffice. Call it
-    under autocast to measure the autocast forward."""
-    params = {p.data_ptr() for p in (*layer.parameters(), *layer.buffers())}
+    """Bytes a forward of `layer` on x keeps for backward, its parameters left out; then runs the
+    backward (with dy, or ones), so what was kept is shown to suffice. Call it under autocast to
+    measure the autocast forward."""
+    params = {p.data_ptr() for p in layer.parameters()}
     sizes = []
 
     def pack(t):

@@ -358,11 +358,6 @@ def _seed(seed, device):
     return int(seed) % (2**31 - 1)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device):
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def _cdiv(a, b):  # triton.cdiv costs microseconds of host time per call (constexpr unwrapping)
     return -(-a // b)
 
@@ -810,48 +805,17 @@ def _s_enc(amax_ptr, senc_ptr, QMAX: tl.constexpr, FIRST):
 @triton.jit
 def _fp8_inv(amax_ptr, scale_ptr, EMAX: tl.constexpr, ROOM: tl.constexpr, FIRST):
     """fp4.fp8_scale from the plain tensor amax (int32 bits, as _flat_amax leaves them): the
-    first program stores the scale 2^E; returns 2^-E (_fp8_scale_inv)."""
+    block scale of amax is 2^max(floor(log2 amax) - EMAX, -127), so the tensor scale is 2^E with
+    E = max(that exponent - ROOM, -126), ROOM being FP8_ROOM less the RHT's bound. The first program
+    stores 2^E; returns 2^-E."""
     bits = tl.load(amax_ptr)
     amax = bits.to(tl.float32, bitcast=True)
-    # NaN or Inf somewhere: NaN scale (a NaN block, as fp4)
-    return _fp8_scale_inv(((bits >> 23) & 0xFF) - 127, amax <= 3.4028234663852886e38, amax > 0,
-                          scale_ptr, EMAX, ROOM, FIRST)
-
-
-@triton.jit
-def _fp8_inv_hinted(hint_ptr, scale_ptr, EMAX: tl.constexpr, ROOM: tl.constexpr,
-                    UP: tl.constexpr, FIRST):
-    """fp4.fp8_scale_hinted's scale when not redone: that of an amax UP binades above the hint's
-    (no hint: some finite scale, which the second pass replaces)."""
-    bits = tl.load(hint_ptr)
-    return _fp8_scale_inv(((bits >> 23) & 0xFF) - 127 + UP, True, True, scale_ptr, EMAX, ROOM, FIRST)
-
-
-@triton.jit
-def _fp8_scale_inv(e, finite, positive, scale_ptr, EMAX: tl.constexpr, ROOM: tl.constexpr, FIRST):
-    """fp4._fp8_exponent for an amax in binade e: the block scale of amax is
-    2^max(e - EMAX, -127), so the tensor scale is 2^E with E = max(that exponent - ROOM, -126),
-    ROOM being FP8_ROOM less the RHT's bound (1 when the amax is not positive, NaN when it is
-    not finite). The first program stores 2^E; returns 2^-E."""
-    e = tl.maximum(tl.maximum(e - EMAX, -127) - ROOM, -126)
-    scale = tl.where(positive, ((e + 127) << 23).to(tl.float32, bitcast=True), 1.0)
-    inv = tl.where(positive, ((127 - e) << 23).to(tl.float32, bitcast=True), 1.0)
+    e = tl.maximum(tl.maximum(((bits >> 23) & 0xFF) - 127 - EMAX, -127) - ROOM, -126)
+    scale = tl.where(amax > 0, ((e + 127) << 23).to(tl.float32, bitcast=True), 1.0)
+    inv = tl.where(amax > 0, ((127 - e) << 23).to(tl.float32, bitcast=True), 1.0)
+    finite = amax <= 3.4028234663852886e38  # NaN or Inf somewhere: NaN scale (a NaN block, as fp4)
     tl.store(scale_ptr, tl.where(finite, scale, float("nan")), mask=FIRST)
     return tl.where(finite, inv, float("nan"))
-
-
-@triton.jit
-def _hint_redo(hint_ptr, new_ptr, UP: tl.constexpr, DOWN: tl.constexpr, FIRST):
-    """fp4.fp8_scale_hinted's `redone`, from the hint state and this call's amax (new_ptr[0],
-    which the first pass left); the first program also stores the next state's counts."""
-    bits = tl.load(hint_ptr)
-    cur = tl.load(new_ptr)
-    top = ((bits >> 23) & 0xFF) - 127 + UP
-    e = ((cur >> 23) & 0xFF) - 127
-    redo = (bits < 0) | (bits >= 0x7F800000) | (cur <= 0) | (cur >= 0x7F800000) | (e > top) | (e < top - DOWN)
-    tl.store(new_ptr + 1, tl.load(hint_ptr + 1) + redo.to(tl.int32), mask=FIRST)
-    tl.store(new_ptr + 2, tl.load(hint_ptr + 2) + 1, mask=FIRST)
-    return redo
 
 
 @triton.jit
@@ -865,9 +829,9 @@ def _store_t(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, EVE
 
 
 @triton.jit
-def _quant_kernel(x_ptr, A, M, N,
+def _quant_kernel(x_ptr, M, N,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
-                  c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed, hint_ptr,
+                  c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
                   BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
                   ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr, DO_ROW: tl.constexpr,
                   R_FAKE: tl.constexpr, R_PACKED: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
@@ -883,9 +847,8 @@ def _quant_kernel(x_ptr, A, M, N,
                   C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
                   C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
                   C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
-                  C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr,
-                  HINT: tl.constexpr, UP: tl.constexpr, DOWN: tl.constexpr):
-    """x: [A, M, N] contiguous; one [BM, BN] tile per program (_quant_tile_job). Row side: blocks along N (codes
+                  C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr):
+    """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
     [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
     in fp4.py); fake outputs in x's layout; EVEN: M % BM == N % BN == 0 (no masks). Each side
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
@@ -897,75 +860,14 @@ def _quant_kernel(x_ptr, A, M, N,
     contiguous, as the FP8 GEMM wants).
     With an e4m3-scaled or FP8 side the tiles go in reverse launch order: the tensor-amax
     pass has just read x in launch order (in its own tiles), so the first tiles here are roughly
-    those it read last, still in L2.
-    HINT (FP8 sides; fp4.fp8_scale_hinted): 1, the first pass: the scale from the hint state at
-    hint_ptr, and max |x| of each tile into the FP8 sides' amax (the next state's first int);
-    2, the second pass, launched after it on a grid of a few programs per SM (A: x's first
-    dim): they return at once unless the call is redone, and then quantize every tile again,
-    in turn, as without a hint, on that amax. (A full grid of programs that return at once
-    still costs each one its launch.)"""
-    if HINT == 2:  # persistent: a few programs, which return unless the call is redone
-        if DO_ROW and R_FP8 > 0:
-            redo = _hint_redo(hint_ptr, r_amax, UP, DOWN, tl.program_id(0) == 0)
-        else:
-            redo = _hint_redo(hint_ptr, c_amax, UP, DOWN, tl.program_id(0) == 0)
-        if redo:
-            tiles_m = tl.cdiv(M, BM)
-            tiles_mn = tiles_m * tl.cdiv(N, BN)
-            for t in range(tl.program_id(0), tiles_mn * A, tl.num_programs(0)):
-                _quant_tile_job(t % tiles_m, t % tiles_mn // tiles_m, t // tiles_mn,
-                                x_ptr, M, N, r_fake, r_codes, r_scales, r_amax, r_senc, r_signs,
-                                r_seed, c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
-                                hint_ptr, BM, BN, EVEN, ROWLOAD, ROUNDS, RBITS, DO_ROW, R_FAKE,
-                                R_PACKED, R_G, R_QMAX, R_EMAX, R_E2M1, R_NSEG, R_S1, R_S2, R_ST0,
-                                R_ST1, R_ST2, R_I1, R_I2, R_BLOCK, R_SCALE, R_B2D, R_SR, R_RHT,
-                                R_INV, R_SMASK, R_SEEDPTR, R_FP8, DO_COL, C_FAKE, C_PACKED, C_G,
-                                C_QMAX, C_EMAX, C_E2M1, C_NSEG, C_S1, C_S2, C_ST0, C_ST1, C_ST2,
-                                C_I1, C_I2, C_BLOCK, C_SCALE, C_B2D, C_SR, C_RHT, C_INV, C_SMASK,
-                                C_SEEDPTR, C_FP8, HINT, UP, DOWN)
-    else:
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        a = tl.program_id(2)
-        if (DO_ROW and (R_SCALE == 1 or R_FP8 > 0)) or (DO_COL and (C_SCALE == 1 or C_FP8 > 0)):
-            pid_m = tl.num_programs(0) - 1 - pid_m
-            pid_n = tl.num_programs(1) - 1 - pid_n
-            a = tl.num_programs(2) - 1 - a
-        _quant_tile_job(pid_m, pid_n, a,
-                        x_ptr, M, N, r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
-                        c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed, hint_ptr, BM,
-                        BN, EVEN, ROWLOAD, ROUNDS, RBITS, DO_ROW, R_FAKE, R_PACKED, R_G, R_QMAX,
-                        R_EMAX, R_E2M1, R_NSEG, R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
-                        R_BLOCK, R_SCALE, R_B2D, R_SR, R_RHT, R_INV, R_SMASK, R_SEEDPTR, R_FP8,
-                        DO_COL, C_FAKE, C_PACKED, C_G, C_QMAX, C_EMAX, C_E2M1, C_NSEG, C_S1, C_S2,
-                        C_ST0, C_ST1, C_ST2, C_I1, C_I2, C_BLOCK, C_SCALE, C_B2D, C_SR, C_RHT,
-                        C_INV, C_SMASK, C_SEEDPTR, C_FP8, HINT, UP, DOWN)
-
-
-@triton.jit
-def _quant_tile_job(pid_m, pid_n, a, x_ptr, M, N,
-                  r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
-                  c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed, hint_ptr,
-                  BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
-                  ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr, DO_ROW: tl.constexpr,
-                  R_FAKE: tl.constexpr, R_PACKED: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
-                  R_E2M1: tl.constexpr, R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
-                  R_ST0: tl.constexpr, R_ST1: tl.constexpr, R_ST2: tl.constexpr,
-                  R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
-                  R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
-                  R_RHT: tl.constexpr, R_INV: tl.constexpr, R_SMASK: tl.constexpr,
-                  R_SEEDPTR: tl.constexpr, R_FP8: tl.constexpr, DO_COL: tl.constexpr,
-                  C_FAKE: tl.constexpr, C_PACKED: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
-                  C_E2M1: tl.constexpr, C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
-                  C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
-                  C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
-                  C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
-                  C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
-                  C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr,
-                  HINT: tl.constexpr, UP: tl.constexpr, DOWN: tl.constexpr):
-    """_quant_kernel's work on tile (pid_m, pid_n) of x[a] (the first tile's program stores the
-    tensor scales)."""
-    first = pid_m + pid_n + a == 0
+    those it read last, still in L2."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    a = tl.program_id(2)
+    if (DO_ROW and (R_SCALE == 1 or R_FP8 > 0)) or (DO_COL and (C_SCALE == 1 or C_FP8 > 0)):
+        pid_m = tl.num_programs(0) - 1 - pid_m
+        pid_n = tl.num_programs(1) - 1 - pid_n
+        a = tl.num_programs(2) - 1 - a
     a = a.to(tl.int64)
     m0 = pid_m * BM
     n0 = pid_n * BN
@@ -973,18 +875,14 @@ def _quant_tile_job(pid_m, pid_n, a, x_ptr, M, N,
     EPC: tl.constexpr = 128 // RBITS  # SR draws per Philox call
     if DO_ROW:
         xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
-        if HINT == 1 and R_FP8 > 0:
-            _atomic_amax_above(r_amax, tl.abs(xr))
         if R_RHT > 0:
             xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
         s_enc = 1.0
         if R_SCALE == 1:
-            s_enc = _s_enc(r_amax, r_senc, R_QMAX, first)
+            s_enc = _s_enc(r_amax, r_senc, R_QMAX, pid_m + pid_n + a == 0)
         inv = 1.0
-        if R_FP8 > 0 and HINT == 1:
-            inv = _fp8_inv_hinted(hint_ptr, r_senc, R_EMAX, R_FP8, UP, first)
-        elif R_FP8 > 0:
-            inv = _fp8_inv(r_amax, r_senc, R_EMAX, R_FP8, first)
+        if R_FP8 > 0:
+            inv = _fp8_inv(r_amax, r_senc, R_EMAX, R_FP8, pid_m + pid_n + a == 0)
         roff = 0
         if R_SR:
             if R_SEEDPTR:
@@ -1000,18 +898,14 @@ def _quant_tile_job(pid_m, pid_n, a, x_ptr, M, N,
             _store_packed(code, sc, a, m0, n0, M, N, r_codes, r_scales, BM, BN, R_BLOCK, R_B2D, R_G)
     if DO_COL:
         xc = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G, EVEN)  # [BN, BM]: blocks along M
-        if HINT == 1 and C_FP8 > 0 and not (DO_ROW and R_FP8 > 0):  # (else the row loads gave it)
-            _atomic_amax_above(c_amax, tl.abs(xc))
         if C_RHT > 0:
             xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
         s_enc = 1.0
         if C_SCALE == 1:
-            s_enc = _s_enc(c_amax, c_senc, C_QMAX, first)
+            s_enc = _s_enc(c_amax, c_senc, C_QMAX, pid_m + pid_n + a == 0)
         inv = 1.0
-        if C_FP8 > 0 and HINT == 1:
-            inv = _fp8_inv_hinted(hint_ptr, c_senc, C_EMAX, C_FP8, UP, first)
-        elif C_FP8 > 0:
-            inv = _fp8_inv(c_amax, c_senc, C_EMAX, C_FP8, first)
+        if C_FP8 > 0:
+            inv = _fp8_inv(c_amax, c_senc, C_EMAX, C_FP8, pid_m + pid_n + a == 0)
         roff = 0
         if C_SR:
             if C_SEEDPTR:
@@ -1095,16 +989,6 @@ def _atomic_amax(part, v):
 @triton.jit
 def _atomic_max_bits(part, m):
     tl.atomic_max(part, tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True)))
-
-
-@triton.jit
-def _atomic_amax_above(part, v):
-    """_atomic_amax, skipped where the value there is already at least as large: thousands of
-    programs of one launch take turns at one address otherwise. (A stale read is never above the
-    true value, so no larger amax is lost.)"""
-    m = _amax(_amax(v, 1), 0)
-    bits = tl.where(m != m, 0x7FC00000, m.to(tl.int32, bitcast=True))
-    tl.atomic_max(part, bits, mask=bits > tl.load(part))
 
 
 @triton.jit
@@ -1234,10 +1118,10 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 
 
 @functools.lru_cache(maxsize=None)
-def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits, hint=0):
+def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
-    RHT, seed in memory, packed, FP8 dtype; None when off; hint: its HINT pass), and the same as
-    the launch cache's key: built once, not per call."""
+    RHT, seed in memory, packed, FP8 dtype; None when off), and the same as the launch cache's key: built
+    once, not per call."""
     if rbits not in fp4.SR_BITS_CHOICES:
         raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws "
                          f"{' or '.join(map(str, fp4.SR_BITS_CHOICES))} random bits per element")
@@ -1252,7 +1136,7 @@ def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits, hint=0)
                          p + "FP8": fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) if fp8 else 0})
         meta[flag] = sig is not None
     meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
-                enable_fp_fusion=False, HINT=hint, UP=fp4.FP8_HINT[0], DOWN=fp4.FP8_HINT[1])
+                enable_fp_fusion=False)
     return meta, tuple(sorted(meta.items()))
 
 
@@ -1265,9 +1149,8 @@ class _Side:
         self.seed = _seed(seed, device) if rounding == "sr" else 0
 
 
-def _run(x3, row, col, out_dtype, cfg=None, hint=None):
-    """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs. hint: the FP8
-    sides' hint state (fp4.fp8_scale_hinted); returns the next one (else None)."""
+def _run(x3, row, col, out_dtype, cfg=None):
+    """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
     A, M, N = x3.shape
     dev = x3.device
     heavy = any(s and s.rounding == "sr" and s.fmt.scale == "fp32" and _grid_meta_cached(s.fmt.grid)["NSEG"] > 1
@@ -1302,11 +1185,7 @@ def _run(x3, row, col, out_dtype, cfg=None, hint=None):
         first = nv[0]
         amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
         amaxes = {s: amax for s in nv}
-    new_hint = None
-    if fp8 and hint is not None:  # the first pass accumulates the amax into the next state
-        new_hint = amax = torch.zeros(3, device=dev, dtype=torch.int32)
-        amaxes.update({s: amax for s in fp8})
-    elif fp8:
+    if fp8:
         amax = _flat_amax(x3)
         amaxes.update({s: amax for s in fp8})
     args = []
@@ -1337,18 +1216,13 @@ def _run(x3, row, col, out_dtype, cfg=None, hint=None):
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
         sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed, s.fp8)  # noqa: E731
-        for hint_pass in (1, 2) if new_hint is not None else (0,):
-            meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0,
-                                         mode, PHILOX_ROUNDS, nw, SR_BITS, hint_pass)
-            _launch(_quant_kernel, grid if hint_pass < 2 else (min(_cdiv(M, BM) * _cdiv(N, BN) * A, _sm_count(dev) * 2), 1, 1),
-                    (x3, A, M, N, *args, dummy if hint is None else hint), meta, meta_key)
-    elif new_hint is not None:  # no program ran: an empty tensor's amax is 0, which redoes
-        new_hint = fp4.next_fp8_hint(hint, torch.zeros((), device=dev), torch.tensor(True, device=dev))
+        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0, mode,
+                                     PHILOX_ROUNDS, nw, SR_BITS)
+        _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
     for side in (row, col):
         want = side and (side.fp8 or out_dtype)
         if side is not None and side.fake is not None and side.fake.dtype != want:
             side.fake = side.fake.to(want)
-    return new_hint
 
 
 def _as3(x, dim):
@@ -1391,14 +1265,13 @@ def _result(side, x, dim):
     return side.fake.view(x.shape)
 
 
-def _quantize_one(x, fmt, dim, rounding, rht, seed, out_dtype, cfg, packed=False, fp8=None, hint=None):
+def _quantize_one(x, fmt, dim, rounding, rht, seed, out_dtype, cfg, packed=False, fp8=None):
     """x quantized along dim in one orientation (blocks along N, or along M of _as3's view)."""
     fmt, dim = _prep(x, fmt, dim, rht)
     x3, is_col = _as3(x, dim)
     side = _Side(fmt, rounding, rht, seed, x.device, packed, fp8)
-    new_hint = _run(x3, None if is_col else side, side if is_col else None, out_dtype, cfg, hint)
-    out = _result(side, x, dim)
-    return out if hint is None else (*out, new_hint)
+    _run(x3, None if is_col else side, side if is_col else None, out_dtype, cfg)
+    return _result(side, x, dim)
 
 
 def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
@@ -1412,17 +1285,16 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None,
     return _quantize_one(x, fmt, dim, rounding, rht, seed, dtype or x.dtype, _cfg)
 
 
-def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, hint=None, _cfg=None):
+def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, _cfg=None):
     """fp4.to_fp8: (FP8 values of x's shape with `dim` contiguous, fp32 tensor scale), from the
-    tensor-amax pass and one quantize pass; with a hint state, (values, scale, next state) from
-    one quantize pass and a second one that returns at once unless the call is redone."""
+    tensor-amax pass and one quantize pass."""
     fp4.check_fp8(fmt, fp8)
-    return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, fp8=fp8, hint=hint)
+    return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, fp8=fp8)
 
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
                   rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None,
-                  hint=None, _cfg=None):
+                  _cfg=None):
     """fp4.quantize_both: a 2D tensor [M, K] quantized row-wise (blocks along dim 1) and
     column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant,
     quantize (if packed) or to_fp8 (if fp8) returns for dim=1 and dim=0 with that side's format,
@@ -1432,9 +1304,8 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     f8r, f8c = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8)
     row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r)
     col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c)
-    new_hint = _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg,
-                    fp4.check_fp8_hint(hint, f8r, f8c))
-    return (_result(row, x, 1), _result(col, x, 0)) + ((new_hint,) if hint is not None else ())
+    _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
+    return _result(row, x, 1), _result(col, x, 0)
 
 
 # -----------------------------------------------------------------------------

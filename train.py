@@ -978,7 +978,6 @@ def train_step(run, lr):
     run.optimizer.zero_grad(set_to_none=run.flat_grad is None)
     if probing and alphas:
         tel = telemetry_record(run.iter_num, fp4.probe_summary(alphas))
-        tel.update(fp4.fp8_hint_summary(run.raw_model))
         run.record(tel)
         run.log(f"iter {run.iter_num} alpha | " + " ".join(
             f"{k} {'-' if v is None else f'{v:.4f}'}" for k, v in tel["alpha"].items()))

@@ -55,11 +55,6 @@ LAUNCHES = [
      ("mxfp4", "rtne", 16, True), (64, 64, 4, 1)),
     ("mxfp4 dy pair, FP8 path: e5m2 both, SR, column RHT16", ("mxfp4", "sr", None, False, fp4.E5M2),
      ("mxfp4", "sr", 16, False, fp4.E5M2), (64, 128, 8, 1)),
-    # the same as a layer launches them: the first pass on the hinted scale (fp4.fp8_scale_hinted)
-    ("mxfp4 x pair, FP8 path, hinted first pass", ("mxfp4", "rtne", None, False, fp4.E4M3),
-     ("mxfp4", "rtne", 16, True), (64, 64, 4, 1), 1),
-    ("mxfp4 dy pair, FP8 path, hinted first pass", ("mxfp4", "sr", None, False, fp4.E5M2),
-     ("mxfp4", "sr", 16, False, fp4.E5M2), (64, 128, 8, 1), 1),
 ]
 
 
@@ -78,9 +73,9 @@ def _types(fn, ints, ptrs, default):
     return {n: "i32" if n in ints else ptrs.get(n, default) for n in fn.arg_names}
 
 
-def compile_quant(row, col, BM, BN, nw, mode, hint=0):
+def compile_quant(row, col, BM, BN, nw, mode):
     """_quant_kernel compiled for sm_90 as kernels._run would launch it on a bf16 tensor whose
-    tiles fit (EVEN), with seeds in device memory; hint: its HINT pass."""
+    tiles fit (EVEN), with seeds in device memory."""
     def side(s):
         if s is None:
             return None
@@ -89,13 +84,12 @@ def compile_quant(row, col, BM, BN, nw, mode, hint=0):
     sides = side(row), side(col)
     sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed, s.fp8)  # noqa: E731
     meta, _ = kernels._quant_meta(sig(sides[0]), sig(sides[1]), BM, BN, True, mode,
-                                  kernels.PHILOX_ROUNDS, nw, kernels.SR_BITS, hint)
+                                  kernels.PHILOX_ROUNDS, nw, kernels.SR_BITS)
     fn = kernels._quant_kernel
     fake = [{fp4.E4M3: "*fp8e4nv", fp4.E5M2: "*fp8e5"}.get(s and s.fp8, "*bf16") for s in sides]
     ptr = {"x_ptr": "*bf16", "r_fake": fake[0], "c_fake": fake[1], "r_codes": "*u8",
-           "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32",
-           "hint_ptr": "*i32"}
-    return compile_sm(fn, meta, _types(fn, ("A", "M", "N"), ptr, "*fp32"),
+           "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
+    return compile_sm(fn, meta, _types(fn, ("M", "N"), ptr, "*fp32"),
                         dict(num_warps=meta["num_warps"], enable_fp_fusion=False),
                         aligned_except=("r_seed", "c_seed"))
 
@@ -201,8 +195,8 @@ def main():
           f"Philox rounds {kernels.PHILOX_ROUNDS}, SR bits {kernels.SR_BITS}")
     print("| launch | tile (BM, BN, warps, row load) | instructions / element | registers | slow conversions / element |")
     print("|---|---|---|---|---|")
-    for name, row, col, (BM, BN, nw, mode), *hint in LAUNCHES:
-        ops, regs = sass(compile_quant(row, col, BM, BN, nw, mode, *hint))
+    for name, row, col, (BM, BN, nw, mode) in LAUNCHES:
+        ops, regs = sass(compile_quant(row, col, BM, BN, nw, mode))
         per = BM * BN / (nw * 32)  # elements per thread
         print(f"| {name} | {BM}, {BN}, {nw}, {mode} | {sum(ops.values()) / per:.1f} | {regs} | {slow(ops) / per:.2f} |")
         if args.mix:

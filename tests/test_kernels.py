@@ -1016,67 +1016,6 @@ def test_to_fp8_zero_empty_and_nonfinite_tensors(special):
         assert torch.equal(bits(v), bits(rv))
 
 
-@pytest.mark.parametrize("name,fp8,dim,rht", [("mxint4", fp4.E4M3, -1, None), ("mxfp4", fp4.E5M2, 0, 16),
-                                               ("int4/16/e8m0", fp4.E4M3, 0, None)])
-def test_to_fp8_under_a_hint_state_matches_reference(name, fp8, dim, rht):
-    """Two passes (the first on the hinted scale, accumulating the amax; the second redoing only
-    when fp8_scale_hinted says so): the reference's values, scale and next state over calls whose
-    amax stays, grows a little, 8x, falls 16x, is 0, NaN, and comes back."""
-    x = torch.randn(64, 96).to(torch.bfloat16)
-    hk = hr = fp4.new_fp8_hint()
-    for mult in (1.0, 1.3, 8.0, 1 / 16, 0.0, float("nan"), 1.0):
-        v, s, hk = kernels.to_fp8(x * mult, name, dim=dim, rht=rht, fp8=fp8, hint=hk)
-        rv, rs, hr = fp4.to_fp8(x * mult, name, dim=dim, rht=rht, fp8=fp8, hint=hr)
-        assert torch.equal(bits(v), bits(rv)) and torch.equal(s.nan_to_num(3), rs.nan_to_num(3)), mult
-        assert torch.equal(hk, hr), (mult, hk, hr)
-    assert hk.tolist()[2] == 7 and 4 <= hk.tolist()[1] <= 6
-
-
-def test_quantize_both_under_a_hint_state():
-    """The layer's x pair (FP8 row, packed column) and dy pair (SR, RHT on the column side) under
-    one state: the same bits as without a hint (times the scales), the reference's state."""
-    x = torch.randn(64, 128).to(torch.bfloat16)
-    (a, sa), q, hk = kernels.quantize_both(x, "mxint4", packed=(False, True), fp8=(fp4.E4M3, None),
-                                           hint=fp4.new_fp8_hint())
-    (ra, rsa), rq, hr = fp4.quantize_both(x, "mxint4", packed=(False, True), fp8=(fp4.E4M3, None),
-                                          hint=fp4.new_fp8_hint())
-    assert torch.equal(bits(a), bits(ra)) and torch.equal(sa, rsa) and torch.equal(hk, hr)
-    assert_qtensor(q, rq)
-    hint = fp4.new_fp8_hint()
-    for call in range(2):
-        (a, sa), (b, sb), hint = kernels.quantize_both(x, "mxfp4", rounding="sr", rht_col=16, seed=7,
-                                                       seed_col=7, fp8=(fp4.E5M2, fp4.E5M2), hint=hint)
-        (c, sc), (d, sd) = kernels.quantize_both(x, "mxfp4", rounding="sr", rht_col=16, seed=7,
-                                                 seed_col=7, fp8=(fp4.E5M2, fp4.E5M2))
-        assert_same(a.float() * sa, c.float() * sc, f"row, call {call}")
-        assert_same(b.float() * sb, d.float() * sd, f"col, call {call}")
-    assert hint.tolist()[1:] == [1, 2] and sa == 2 * sc  # the second call on the hinted scale
-
-
-def test_fp8_layer_hints_through_kernels(monkeypatch):
-    """FP4Linear on FP8 GEMMs, three calls, through kernels.py and through the reference: the same
-    y, dx, dW bits and the same hint states after each call."""
-    r = fp4.make_recipe("mxint4", fp8_gemm=True, sr_dy=False)
-    outs = []
-    for route in ("reference", "kernels"):
-        torch.manual_seed(0)
-        lin = fp4.FP4Linear(64, 32, bias=False, recipe=r)
-        with monkeypatch.context() as m:
-            if route == "kernels":
-                m.setattr(fp4, "kernels_for", lambda t: kernels)
-            for call in range(3):
-                x = (torch.randn(64, 64) * (1 + 3 * call)).requires_grad_()
-                lin.weight.grad = None
-                y = lin(x)
-                y.backward(torch.randn(y.shape))
-                outs.append((y.detach(), x.grad, lin.weight.grad, lin.fp8_hint_x.clone(),
-                             lin.fp8_hint_dy.clone()))
-    for i, (a, b) in enumerate(zip(outs[:3], outs[3:])):
-        for u, v, nm in zip(a, b, ("y", "dx", "dW", "x's hint", "dy's hint")):
-            assert_same(u, v, f"call {i} {nm}")
-    assert outs[-1][3].tolist()[2] == 3
-
-
 @pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
 def test_fp8_from_packed_through_kernels(name, monkeypatch):
     """kernels.fp8_from_packed (the scales' max, then the dequantize kernel writing the FP8 values
