@@ -15,7 +15,8 @@
 #            that compile at once (--part=k/4; the quick check took 55 s so, 200+ s in one)
 # The FP8 tables run their recipe list forward and back (--rounds=2: a recipe that runs after
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
-# meant for one device call (at most 10 minutes; not yet timed with two rounds).
+# meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
+# and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
 # Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
