@@ -1010,7 +1010,7 @@ def skip_nonfinite_step(run, loss, grad_norm):
 # logging
 
 
-def peak_tflops(c):
+def device_peak_tflops(c):
     """One device's bf16 peak for MFU: the config's, else a known GPU's, else None (a CPU, an
     unknown GPU: no MFU rather than a made-up one)."""
     if c.peak_tflops:
@@ -1162,7 +1162,7 @@ def main(argv=None):
         compile_model(run)
         cache_weights(run)
         run.flops_per_token = run.raw_model.estimate_flops_per_token()
-        run.peak_tflops = peak_tflops(run.c)
+        run.peak_tflops = device_peak_tflops(run.c)
         run.log(f"model: {run.raw_model.num_params() / 1e6:.2f}M params "
                 f"({run.raw_model.active_params() / 1e6:.2f}M active), recipe {run.recipe.name}, "
                 f"{run.world} process(es) on {run.c.device}, {run.c.dtype}, "
