@@ -97,8 +97,8 @@ def combine(runs):
     row = dict(runs[0])
     row["step_ms"] = statistics.median(r["step_ms"] for r in runs)
     row["tok_per_s"] = row["tokens_per_iter"] / row["step_ms"] * 1000
-    mfus = [r["mfu"] for r in runs if r["mfu"] is not None]
-    row["mfu"] = statistics.median(mfus) if mfus else None
+    if row["mfu"] is not None:  # (MFU is proportional to tokens/s)
+        row["mfu"] *= runs[0]["step_ms"] / row["step_ms"]
     if row["peak_mem_gib"] is not None:
         row["peak_mem_gib"] = max(r["peak_mem_gib"] for r in runs)
     row["step_ms_rounds"] = [r["step_ms"] for r in runs]
