@@ -829,10 +829,10 @@ def _store_t(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, EVE
 
 
 @triton.jit
-def _quant_kernel(x_ptr, M, N,
+def _quant_kernel(x_ptr, M,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
-                  BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
+                  N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EVEN: tl.constexpr,
                   ROWLOAD: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr, DO_ROW: tl.constexpr,
                   R_FAKE: tl.constexpr, R_PACKED: tl.constexpr, R_G: tl.constexpr, R_QMAX: tl.constexpr, R_EMAX: tl.constexpr,
                   R_E2M1: tl.constexpr, R_NSEG: tl.constexpr, R_S1: tl.constexpr, R_S2: tl.constexpr,
@@ -848,7 +848,9 @@ def _quant_kernel(x_ptr, M, N,
                   C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
                   C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
                   C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr):
-    """x: [A, M, N] contiguous; one [BM, BN] tile per program. Row side: blocks along N (codes
+    """x: [A, M, N] contiguous; one [BM, BN] tile per program. N is a constant of the compiled
+    kernel: the column side's G loads per group, a row apart, then share one address with
+    immediate offsets (docs/kernels.md, instruction counts). Row side: blocks along N (codes
     [A, M, N/2]); column side: blocks along M (codes [A, N, M/2], the blocked dim moved last as
     in fp4.py); fake outputs in x's layout; EVEN: M % BM == N % BN == 0 (no masks). Each side
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
@@ -1118,7 +1120,7 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 
 
 @functools.lru_cache(maxsize=None)
-def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
+def _quant_meta(row_sig, col_sig, N, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
     RHT, seed in memory, packed, FP8 dtype; None when off), and the same as the launch cache's key: built
     once, not per call."""
@@ -1135,7 +1137,7 @@ def _quant_meta(row_sig, col_sig, BM, BN, even, mode, rounds, nw, rbits):
             meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed,
                          p + "FP8": fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) if fp8 else 0})
         meta[flag] = sig is not None
-    meta.update(BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
+    meta.update(N=N, BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
                 enable_fp_fusion=False)
     return meta, tuple(sorted(meta.items()))
 
@@ -1216,9 +1218,9 @@ def _run(x3, row, col, out_dtype, cfg=None):
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
         sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed, s.fp8)  # noqa: E731
-        meta, meta_key = _quant_meta(sig(row), sig(col), BM, BN, M % BM == 0 and N % BN == 0, mode,
-                                     PHILOX_ROUNDS, nw, SR_BITS)
-        _launch(_quant_kernel, grid, (x3, M, N, *args), meta, meta_key)
+        meta, meta_key = _quant_meta(sig(row), sig(col), N, BM, BN, M % BM == 0 and N % BN == 0,
+                                     mode, PHILOX_ROUNDS, nw, SR_BITS)
+        _launch(_quant_kernel, grid, (x3, M, *args), meta, meta_key)
     for side in (row, col):
         want = side and (side.fp8 or out_dtype)
         if side is not None and side.fake is not None and side.fake.dtype != want:

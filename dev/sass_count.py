@@ -73,9 +73,9 @@ def _types(fn, ints, ptrs, default):
     return {n: "i32" if n in ints else ptrs.get(n, default) for n in fn.arg_names}
 
 
-def compile_quant(row, col, BM, BN, nw, mode):
-    """_quant_kernel compiled for sm_90 as kernels._run would launch it on a bf16 tensor whose
-    tiles fit (EVEN), with seeds in device memory."""
+def compile_quant(row, col, BM, BN, nw, mode, N=3072):
+    """_quant_kernel compiled for sm_90 as kernels._run would launch it on a bf16 tensor N wide
+    (a constant of the kernel) whose tiles fit (EVEN), with seeds in device memory."""
     def side(s):
         if s is None:
             return None
@@ -83,13 +83,13 @@ def compile_quant(row, col, BM, BN, nw, mode):
         return kernels._Side(fp4.get_format(fmt), rounding, rht, 0, torch.device("cpu"), packed, *fp8)
     sides = side(row), side(col)
     sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed, s.fp8)  # noqa: E731
-    meta, _ = kernels._quant_meta(sig(sides[0]), sig(sides[1]), BM, BN, True, mode,
+    meta, _ = kernels._quant_meta(sig(sides[0]), sig(sides[1]), N, BM, BN, True, mode,
                                   kernels.PHILOX_ROUNDS, nw, kernels.SR_BITS)
     fn = kernels._quant_kernel
     fake = [{fp4.E4M3: "*fp8e4nv", fp4.E5M2: "*fp8e5"}.get(s and s.fp8, "*bf16") for s in sides]
     ptr = {"x_ptr": "*bf16", "r_fake": fake[0], "c_fake": fake[1], "r_codes": "*u8",
            "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
-    return compile_sm(fn, meta, _types(fn, ("M", "N"), ptr, "*fp32"),
+    return compile_sm(fn, meta, _types(fn, ("M",), ptr, "*fp32"),
                         dict(num_warps=meta["num_warps"], enable_fp_fusion=False),
                         aligned_except=("r_seed", "c_seed"))
 

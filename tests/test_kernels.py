@@ -702,12 +702,14 @@ def test_launch_cache_reuses_a_compiled_kernel_only_for_the_same_specialization(
              ("ufp4", "sr", 4), ("ufp4", "sr", seeds[2]), ("ufp4", "sr", seeds[4]), ("ufp4", "sr", seeds[1])]
     for name, rounding, seed in calls:
         kernels.fake_quant(x, name, rounding=rounding, seed=seed, dtype=torch.float32)
+    kernels.fake_quant(randn(64, 256, seed=15), "ufp4", rounding="rtne", dtype=torch.float32)
     # compiles: ufp4 rtne, e2m1 rtne, ufp4 sr with an int seed, ufp4 sr with a seed in memory at a
     # 16-byte aligned address (seeds[2], seeds[4]) and at an unaligned one (seeds[1]: Triton
-    # specializes pointers on alignment)
-    assert len(compiled) == 5
-    assert [c.meta["R_SR"] for c in compiled] == [False, False, True, True, True]
-    assert [c.meta["R_SEEDPTR"] for c in compiled] == [False, False, False, True, True]
+    # specializes pointers on alignment), ufp4 rtne on a wider x (the row length is a constant)
+    assert len(compiled) == 6
+    assert [c.meta["R_SR"] for c in compiled] == [False, False, True, True, True, False]
+    assert [c.meta["R_SEEDPTR"] for c in compiled] == [False, False, False, True, True, False]
+    assert [c.meta["N"] for c in compiled] == [128] * 5 + [256]
     assert compiled[0].meta["R_NSEG"] == 1 and compiled[1].meta["R_NSEG"] == 3
     # cache hits pass the constexprs in the kernel's argument order, as the compile saw them
     names = kernels._quant_kernel.arg_names
@@ -715,7 +717,7 @@ def test_launch_cache_reuses_a_compiled_kernel_only_for_the_same_specialization(
         for args in c.launches:
             n = len(args) - sum(1 for k in names if k in c.meta)
             assert tuple(args[n:]) == tuple(c.meta[k] for k in names[n:])
-    assert [len(c.launches) for c in compiled] == [1, 0, 1, 1, 0]  # the first launch is the compile's
+    assert [len(c.launches) for c in compiled] == [1, 0, 1, 1, 0, 0]  # the first launch is the compile's
 
 
 # -----------------------------------------------------------------------------
