@@ -218,6 +218,13 @@ def get_config(argv=()):
     return cfg
 
 
+def recipe_from_spec(config, spec):
+    """The fp4 recipe of a recipe spec as bench.py takes it, for a config file: a recipe name,
+    then train.py overrides after '+' (mxfp4+recipe_fp8_gemm=True)."""
+    name, *own = spec.split("+")
+    return make_recipe_from(get_config([config, f"--recipe={name}"] + [f"--{kv}" for kv in own]))
+
+
 def check_config(cfg):
     """Every value in its range, the device present, the combinations possible: before
     anything starts, one line for the first problem found."""

@@ -3,6 +3,8 @@
     python scripts/memory_breakdown.py configs/gpu/gpt2_small_bf16.py --recipes=bf16,ufp4 \
         [--compile_mode=reduce-overhead|default|eager] [--steps=4]
 
+A recipe may carry train.py overrides after '+', as in bench.py: mxfp4+recipe_fp8_gemm=True.
+
 Builds the config's model (random tokens, no data needed) and records the caching allocator's
 events (torch.cuda.memory._record_memory_history) over the first `steps` optimizer steps of two
 micro-steps each (forward+backward twice, then AdamW), compilation and CUDA-graph recording
@@ -91,7 +93,7 @@ def replay(trace, marks, base, last_step):
     return peaks
 
 
-def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=GPT.fp4_keep_x):
+def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=GPT.fp4_keep_x, label=None):
     """Records `steps` optimizer steps from the first (compilation and CUDA-graph recording
     included, as bench.py's peak is over the whole run) and prints the live set at the peak of the
     whole run and at the peak of the last step (the steady state). mode: None (eager) or a
@@ -101,6 +103,7 @@ def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=GPT.fp4_keep_x):
     torch.cuda.empty_cache()
     torch.manual_seed(0)
     model = fp4.convert(GPT(train.model_config(cfg, 50304)), recipe, keep_x=keep_x).cuda()
+    fp4.cache_weights(model)  # as train.py: the weights' FP8 operands live through each step
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     run = train.torch_compile(model, mode=mode) if mode else model
     graphs = mode in train.GRAPH_MODES
@@ -130,6 +133,7 @@ def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=GPT.fp4_keep_x):
             loss.backward()
         mark(f"step{s} adamw")
         opt.step()
+        fp4.cache_weights(model)
         opt.zero_grad(set_to_none=not graphs)
     torch.cuda.synchronize()
     trace = torch.cuda.memory._snapshot()["device_traces"][dev]
@@ -141,7 +145,7 @@ def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=GPT.fp4_keep_x):
 
     peaks = replay(trace, marks, base, last_step)
     gib = 2**30
-    print(f"\n## {recipe} ({mode or 'eager'}, keep_x={keep_x}): allocator's max_memory_allocated {peak_stat / gib:.2f} GiB")
+    print(f"\n## {label or recipe} ({mode or 'eager'}, keep_x={keep_x}): allocator's max_memory_allocated {peak_stat / gib:.2f} GiB")
     if graphs:  # replays allocate nothing: the last step would show the weights and AdamW alone
         del peaks["last step"]
     for key, (peak, at, peak_live, peak_before) in peaks.items():
@@ -176,7 +180,8 @@ def main():
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     mode = None if args.compile_mode == "eager" else args.compile_mode
     keep_x = tuple(n for n in args.keep_x.split(",") if n)
-    rows = [(r, *breakdown(cfg, r, mode, args.steps, args.top, keep_x)) for r in args.recipes.split(",")]
+    rows = [(r, *breakdown(cfg, train.recipe_from_spec(args.config, r), mode, args.steps, args.top, keep_x, r))
+            for r in args.recipes.split(",")]
     print("\n| recipe | max_memory_allocated GiB | vs first | replayed peak GiB, whole run / last step | "
           "last step vs first |\n|---|---|---|---|---|")
     for r, peak, last, stat in rows:

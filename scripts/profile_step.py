@@ -41,15 +41,10 @@ def category(name):
     return "other"
 
 
-def recipe_of(config, spec):
-    """bench.py's recipe spec (name, then '+key=value' train.py overrides) as an fp4.Recipe."""
-    name, *own = spec.split("+")
-    return train.make_recipe_from(train.get_config([config, f"--recipe={name}"] + [f"--{kv}" for kv in own]))
-
-
 def profile(cfg, recipe, compile_, steps=3, warmup=4, host=False, mode="default"):
     torch.manual_seed(0)
     model = fp4.convert(GPT(train.model_config(cfg, 50304)), recipe).cuda()
+    fp4.cache_weights(model)  # as train.py: the weights' FP8 operands once per optimizer step
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     run = train.torch_compile(model, mode=mode) if compile_ else model
     B, T = cfg["batch_size"], cfg["block_size"]
@@ -62,6 +57,7 @@ def profile(cfg, recipe, compile_, steps=3, warmup=4, host=False, mode="default"
             _, loss = run(x, x)
         loss.backward()
         opt.step()
+        fp4.cache_weights(model)
         opt.zero_grad(set_to_none=True)
 
     for _ in range(warmup):
@@ -115,7 +111,7 @@ def main():
         cfg["batch_size"] = args.batch_size
     rows, every = [], {}
     for r in args.recipes.split(","):
-        wall, per, top = profile(cfg, recipe_of(args.config, r), args.compile, host=args.host, mode=args.compile_mode)
+        wall, per, top = profile(cfg, train.recipe_from_spec(args.config, r), args.compile, host=args.host, mode=args.compile_mode)
         rows.append((r, wall, per))
         every[r] = {"wall_ms": wall, "categories": per, "kernels": dict(top)}
         print(f"\n{r}: top kernels, then the next 'other' ones (ms per step)")

@@ -45,6 +45,17 @@ def test_defaults_and_overrides(tmp_path):
     r = train.make_recipe_from(c)
     assert r.fprop.rht and not r.dgrad.rht and r.wgrad.rht and not r.wgrad.sr_a
 
+def test_recipe_from_spec_applies_the_keys_after_plus(tmp_path):
+    cfg_file = tmp_path / "c.py"
+    cfg_file.write_text("recipe = 'ufp4'\n")
+    plain = train.recipe_from_spec(str(cfg_file), "mxfp4")
+    fp8 = train.recipe_from_spec(str(cfg_file), "mxfp4+recipe_fp8_gemm=True+recipe_sr_dy=False")
+    assert not plain.fp8_gemm and fp8.fp8_gemm
+    assert plain.fprop.fmt == fp8.fprop.fmt == "mxfp4"
+    assert plain.wgrad.sr_a and not fp8.wgrad.sr_a
+    with pytest.raises(train.ConfigError, match="unknown config key"):
+        train.recipe_from_spec(str(cfg_file), "mxfp4+recipe_fp8=True")
+
 def test_unknown_key_lists_close_matches(tmp_path):
     with pytest.raises(train.ConfigError, match=r"unknown config key 'lerning_rate'.*learning_rate"):
         train.get_config(["--lerning_rate=1e-3"])
