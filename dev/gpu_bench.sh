@@ -2,12 +2,12 @@
 # Training throughput and peak memory per recipe on one H200 (docs/performance.md), by set:
 #   recipes  the GPT-2-small-sized dense model (eager, and torch.compile without CUDA graphs for
 #            bf16/ufp4) and its MoE of similar active size; the CUDA-graph table is dev/gpu_perf.sh
-#   fp8      the FP8-GEMM checks of tests/gpu/check_kernels.py, then the CUDA-graph table of the
-#            power-of-two-scaled recipes on FP8 GEMMs (opt-in: recipe_fp8_gemm=True) with mxfp4
-#            on bf16 GEMMs beside them, dense GPT-2 small
-#   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (a recipe
-#            took about 90 s there)
-#   fp8_moe  the table of the MoE
+#   fp8      the FP8-GEMM checks of tests/gpu/check_kernels.py, then the CUDA-graph table of
+#            mxfp4 and mxint4 on FP8 GEMMs (opt-in: recipe_fp8_gemm=True) with ufp4 beside
+#            them, dense GPT-2 small (about 210 s)
+#   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
+#   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (about 300 s)
+#   fp8_moe  the table of the MoE, ufp4 beside mxfp4 on FP8 GEMMs (about 180 s)
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
 #            eager; results/kernels/fp8_window_mxint4.md): about 6 minutes
@@ -17,7 +17,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_wide|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_e8m0|fp8_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -42,11 +42,14 @@ fp8)
     timeout 150 python3 tests/gpu/check_kernels.py --quick --only=fp8 > "$OUT/check_fp8.log" 2>&1
     tail -16 "$OUT/check_fp8.log"
     one fp8_gemm_dense 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F,mxint4+$F,ufp4+recipe_format=int4/16/e8m0+$F,mxfp4 ;;
+        --recipes=bf16,mxfp4+$F,mxint4+$F,ufp4 ;;
+fp8_e8m0)
+    one fp8_gemm_int4_16_e8m0 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,ufp4+recipe_format=int4/16/e8m0+$F,mxint4+$F ;;
 fp8_wide)
-    one fp8_gemm_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=6 --rounds=2 $G --recipes=bf16,mxfp4+$F ;;
+    one fp8_gemm_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G --recipes=bf16,mxfp4+$F,mxint4+$F ;;
 fp8_moe)
-    one fp8_gemm_moe 500 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G --recipes=bf16,mxfp4+$F ;;
+    one fp8_gemm_moe 500 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G --recipes=bf16,ufp4,mxfp4+$F ;;
 checks)
     timeout 300 python3 tests/gpu/check_compile.py > "$OUT/check_compile.log" 2>&1
     grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
@@ -65,6 +68,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_wide, fp8_moe, checks or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_e8m0, fp8_wide, fp8_moe, checks or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
