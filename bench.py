@@ -41,11 +41,11 @@ OWN_KEYS = ("recipe", "max_iters", "out_dir", "overwrite", "init_from", "eval_in
 def train_args(config, spec, warmup, iters, out_dir, extra):
     """train.py's arguments for one recipe spec (e.g. ufp4+recipe_format=mxint4: a recipe and
     train.py keys of its own, which win over the extra ones)."""
-    recipe, *own = spec.split("+")
-    return [config, f"--recipe={recipe}", f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
+    recipe, own = train.spec_args(spec)
+    return [config, recipe, f"--max_iters={warmup + iters}", f"--out_dir={out_dir}",
             "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--warmup_iters=1",
             "--checkpoint=False", "--final_sample_tokens=0",
-            "--overwrite=True"] + list(extra) + [f"--{kv}" for kv in own]  # (replaces the last run)
+            "--overwrite=True"] + list(extra) + own  # (replaces the last run)
 
 
 def check_args(args, extra):

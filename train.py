@@ -218,11 +218,17 @@ def get_config(argv=()):
     return cfg
 
 
-def recipe_from_spec(config, spec):
-    """The fp4 recipe of a recipe spec as bench.py takes it, for a config file: a recipe name,
-    then train.py overrides after '+' (mxfp4+recipe_fp8_gemm=True)."""
+def spec_args(spec):
+    """A recipe spec as bench.py and the scripts take it, a recipe name then train.py overrides
+    after '+' (mxfp4+recipe_fp8_gemm=True), as (--recipe=name, [the overrides as --key=value])."""
     name, *own = spec.split("+")
-    return make_recipe_from(get_config([config, f"--recipe={name}"] + [f"--{kv}" for kv in own]))
+    return f"--recipe={name}", [f"--{kv}" for kv in own]
+
+
+def recipe_from_spec(config, spec):
+    """The fp4 recipe of a recipe spec (spec_args) for a config file."""
+    recipe, own = spec_args(spec)
+    return make_recipe_from(get_config([config, recipe, *own]))
 
 
 def check_config(cfg):
