@@ -345,7 +345,7 @@ def level_bias(q, ref):
     its last dim (1D blocks)."""
     grid = fp4.GRIDS[q.fmt.grid]
     idx = (fp4.unpack_codes(q.codes) & 7).long().reshape(-1, ref.shape[-1])
-    scales = q.scales.reshape(idx.shape[0], -1).repeat_interleave(q.fmt.block, dim=-1)
+    scales = q.scales.float().reshape(idx.shape[0], -1).repeat_interleave(q.fmt.block, dim=-1)
     t = ref.reshape(idx.shape).abs() * (q.tensor_scale if q.tensor_scale is not None else 1.0)
     ok = scales > 0
     levels = torch.tensor(grid.levels, dtype=torch.float64, device=idx.device)

@@ -18,8 +18,9 @@ Conventions used everywhere:
   - a 4-bit code is sign-magnitude: bit 3 = sign, bits 0-2 = index into the grid's magnitudes
     (for e2m1 this is exactly the OCP E2M1 bit pattern). Two codes per byte: element 2i in the
     low nibble, element 2i+1 in the high nibble (the OCP / NVIDIA order).
-  - block scales are stored as fp32 numbers whose values are exactly representable in their
-    scale kind (fp32, e4m3 or e8m0); dequantized value = grid value * block scale / tensor scale.
+  - block scales are computed in fp32 and stored in their kind's SCALE_DTYPES entry (fp32, or
+    bf16 for e4m3 and e8m0, which holds them exactly); value = grid value * block scale / tensor
+    scale.
   - a block holding NaN or Inf gets a NaN scale, so it dequantizes to NaN: non-finite inputs are
     never turned into finite numbers (for e4m3 scales a non-finite tensor amax makes the whole
     tensor NaN). An all-zero block gets scale 0 and dequantizes to zeros.
@@ -57,6 +58,10 @@ GRIDS = {
 
 SCALE_KINDS = ("fp32", "e4m3", "e8m0")  # e4m3 comes with an fp32 per-tensor scale (NVFP4 math)
 E4M3_MAX = 448.0
+# How a QTensor stores each kind's block scales: the narrowest torch dtype that holds every value
+# exactly, with 0 (all-zero blocks) and NaN (non-finite blocks). bf16 holds e4m3's 3-bit mantissas
+# and e8m0's powers of two 2^-127..2^127 (2^-127 as a subnormal); torch's float8_e8m0fnu has no 0.
+SCALE_DTYPES = {"fp32": torch.float32, "e4m3": torch.bfloat16, "e8m0": torch.bfloat16}
 
 @dataclass(frozen=True)
 class Format:
@@ -176,8 +181,9 @@ def unpack_codes(packed):
 @dataclass
 class QTensor:
     """A quantized tensor. `codes` and `scales` are laid out with the blocked dim moved last:
-    codes [..., K // 2] uint8, scales [..., K // block] fp32 (block_2d: [..., R // block, K // block]
-    with R the dim before K after the move: square tiles over the last two dims)."""
+    codes [..., K // 2] uint8, scales [..., K // block] in SCALE_DTYPES[fmt.scale] (block_2d:
+    [..., R // block, K // block] with R the dim before K after the move: square tiles over the
+    last two dims)."""
     codes: torch.Tensor
     scales: torch.Tensor
     tensor_scale: torch.Tensor | None  # s_enc for e4m3 scales, else None
@@ -238,8 +244,15 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
     shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
     codes = grid_index(values.abs(), GRIDS[fmt.grid]) | (torch.signbit(values).to(torch.uint8) << 3)
     scales = scales.squeeze((-3, -1)) if fmt.block_2d else scales.squeeze(-1)
-    return QTensor(pack_codes(codes.reshape(shape)), scales, s_enc, fmt, tuple(x.shape), x.dtype,
-                   dim, rht)
+    return QTensor(pack_codes(codes.reshape(shape)), _stored_scales(scales, fmt), s_enc, fmt, tuple(x.shape),
+                   x.dtype, dim, rht)
+
+def _stored_scales(scales, fmt):
+    """fp32 block scales as SCALE_DTYPES stores them: bf16 keeps the high 16 bits, exact for these
+    values, NaN staying +NaN (torch's CPU cast writes NaN with the sign bit set)."""
+    if SCALE_DTYPES[fmt.scale] != torch.bfloat16:
+        return scales
+    return (scales.contiguous().view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
 
 def _blocked(t, fmt):
     """View with the blocks as their own axes: [..., K/b, b], or [R/b, b, K/b, b] for 2D tiles."""
@@ -256,7 +269,8 @@ def dequantize(q, dtype=None):
     codes = unpack_codes(q.codes).long()
     mag = _levels(GRIDS[q.fmt.grid], codes.device)[codes & 7]
     vals = _blocked(torch.where(codes >= 8, -mag, mag), q.fmt)
-    scales = q.scales[..., :, None, :, None] if q.fmt.block_2d else q.scales[..., None]
+    scales = q.scales.float()
+    scales = scales[..., :, None, :, None] if q.fmt.block_2d else scales[..., None]
     out = (vals * scales).reshape(codes.shape)
     if q.tensor_scale is not None:
         out = out / q.tensor_scale
@@ -916,7 +930,8 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
     n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
-    return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8), empty(x.shape[1], n // fmt.block),
+    return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8),
+            empty(x.shape[1], n // fmt.block, dt=SCALE_DTYPES[fmt.scale]),
             empty() if fmt.scale == "e4m3" else empty(0))
 
 def _saved_x(x_saved, recipe, x_dtype):

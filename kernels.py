@@ -788,7 +788,7 @@ def _store_packed(code, sc, a, r0, k0, NR, NK, codes_ptr, scales_ptr, R: tl.cons
     else:
         off2 = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
         m2 = (rr[:, None] < NR) & (kb[None, :] < NK // BLOCK)
-    tl.store(scales_ptr + off2, sc, mask=m2)
+    tl.store(scales_ptr + off2, sc.to(scales_ptr.dtype.element_ty), mask=m2)  # (exact: fp4.SCALE_DTYPES)
 
 
 @triton.jit
@@ -1205,7 +1205,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
         if side.packed:
             side.codes = torch.empty((A, NR, NK // 2), device=dev, dtype=torch.uint8)
             sshape = (A, NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
-            side.scales = torch.empty(sshape, device=dev, dtype=torch.float32)
+            side.scales = torch.empty(sshape, device=dev, dtype=fp4.SCALE_DTYPES[fmt.scale])
         else:
             side.codes = side.scales = None
         side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes else None
@@ -1346,6 +1346,7 @@ def _dequant_kernel(codes_ptr, scales_ptr, ts_ptr, top_ptr, fp8_scale_ptr, out_p
     else:
         soff = (a * NR + rr[:, None].to(tl.int64)) * (NK // BLOCK) + kb[None, :]
     sc = tl.load(scales_ptr + soff, mask=(rr[:, None] < NR) & (kb[None, :] < NK // BLOCK), other=0.0)
+    sc = sc.to(tl.float32)
     if HAS_TS:  # / s_enc on magnitudes (see _div), kept normal for huge s_enc by a power of two
         ts = tl.load(ts_ptr)  # (in the block scale: one multiply per block, not per element)
         ft = tl.where(ts > 1.8446744073709552e19, 5.421010862427522e-20, 1.0)
@@ -1609,7 +1610,7 @@ def _mm_block(fmt):
 
 def _mm_scales(q):
     """q's block scales as the GEMM reads them (_mm_block): 1D 32-blocks' repeated, [R, K / 16]."""
-    s, per = q.scales.contiguous(), _mm_block(q.fmt)
+    s, per = q.scales.float().contiguous(), _mm_block(q.fmt)
     return s if per == q.fmt.block else s.repeat_interleave(q.fmt.block // per, dim=-1)
 
 

@@ -23,7 +23,8 @@ E8M0 = ml_dtypes.float8_e8m0fnu
 
 
 def as_np(t):
-    return t.detach().cpu().numpy()
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()  # (bf16 block scales: exact)
 
 
 def cast(a, dtype):
@@ -90,6 +91,28 @@ def test_e8m0_scale_is_floor_power_of_two_and_representable():
         assert np.array_equal(as_np(s), want)
         assert same_bits(as_np(s), cast(as_np(s), E8M0))
     assert fp4.block_scales(torch.zeros(1), fp4.GRIDS["e2m1"], "e8m0").item() == 0.0
+
+
+def test_scale_dtypes_hold_every_scale_exactly():
+    """QTensors store e4m3 and e8m0 block scales in bf16: every e4m3 value, every power of two
+    2^-127..2^127 (2^-127 a bf16 subnormal), 0 and +NaN keep their bits; quantize uses the dtype,
+    and a block whose e8m0 scale is 2^-127 dequantizes as fake_quant does."""
+    e4m3 = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    pow2 = torch.ldexp(torch.ones(255), torch.arange(-127, 128))
+    for kind, vals in (("e4m3", e4m3), ("e8m0", pow2)):
+        vals = torch.cat([vals, torch.tensor([0.0, float("nan")])])
+        stored = fp4._stored_scales(vals, fp4.get_format(f"int4/32/{kind}"))
+        assert stored.dtype == fp4.SCALE_DTYPES[kind] and same_bits(as_np(stored.float()), as_np(vals)), kind
+    x = torch.randn(4, 64)
+    x[1, :32] *= 2.0 ** -126  # amax about 2^-125: the smallest e8m0 scale, 2^-127
+    x[2, 32:] = 0.0
+    x[3, :32] = float("nan")
+    for name in fp4.FORMATS:
+        q = fp4.quantize(x, name)
+        assert q.scales.dtype == fp4.SCALE_DTYPES[fp4.FORMATS[name].scale]
+        got, want = fp4.dequantize(q, torch.float32), fp4.fake_quant(x, name, dtype=torch.float32)
+        assert same_bits(as_np(got), as_np(want)), name
+    assert fp4.quantize(x, "mxint4").scales[1, 0].item() == 2.0 ** -127
 
 
 # ---------------------------------------------------------------- formats follow the spec's formulas
@@ -1018,8 +1041,8 @@ def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):
         assert (a is None and b is None and not train_w) or torch.equal(a, b)
     lin = fp4.FP4Linear(96, 128, bias=False, recipe=fp4.make_recipe(name, fp8_gemm=True))
     packed = fp4.FP4Linear(96, 128, bias=False, recipe=name)
-    for layer in (lin, packed):  # codes, fp32 block scales, SR seeds
-        assert fp4.saved_bytes(layer, torch.randn(64, 96)) == 64 * 96 // 2 + 64 // 32 * 96 * 4 + 6 * 8
+    for layer in (lin, packed):  # codes, bf16 block scales (e8m0 values), SR seeds
+        assert fp4.saved_bytes(layer, torch.randn(64, 96)) == 64 * 96 // 2 + 64 // 32 * 96 * 2 + 6 * 8
 
 
 def test_cache_weights_equals_quantizing_per_call():
