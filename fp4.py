@@ -244,10 +244,10 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
     shape, values, scales, s_enc = _quantize_blocks(x, fmt, dim, rounding, rht, seed)
     codes = grid_index(values.abs(), GRIDS[fmt.grid]) | (torch.signbit(values).to(torch.uint8) << 3)
     scales = scales.squeeze((-3, -1)) if fmt.block_2d else scales.squeeze(-1)
-    return QTensor(pack_codes(codes.reshape(shape)), _stored_scales(scales, fmt), s_enc, fmt, tuple(x.shape),
+    return QTensor(pack_codes(codes.reshape(shape)), stored_scales(scales, fmt), s_enc, fmt, tuple(x.shape),
                    x.dtype, dim, rht)
 
-def _stored_scales(scales, fmt):
+def stored_scales(scales, fmt):
     """fp32 block scales as SCALE_DTYPES stores them: bf16 keeps the high 16 bits, exact for these
     values, NaN staying +NaN (torch's CPU cast writes NaN with the sign bit set)."""
     if SCALE_DTYPES[fmt.scale] != torch.bfloat16:

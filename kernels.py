@@ -43,7 +43,9 @@ no kernel converts int <-> float or rounds to an integer per element (those run 
 fp32 rate): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the GEMM
 dequantizes with a few lines of PTX (_dequant_operand). fp32 -> bf16 (and fp8_from_packed's
 fp32 -> FP8) casts happen in the kernel on the GPU (hardware RNE); under TRITON_INTERPRET the
-kernel writes fp32 and torch casts (the interpreter truncates).
+kernel writes fp32 and torch casts (the interpreter truncates). So do bf16 block scales, which
+the interpreter's casts would flush to 0 where subnormal (e8m0's 2^-127): it writes and reads
+them as fp32.
 
 AVAILABLE is True when triton imports and a CUDA device exists. Under TRITON_INTERPRET=1 the
 same functions run on CPU tensors (what the tests run).
@@ -1205,7 +1207,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
         if side.packed:
             side.codes = torch.empty((A, NR, NK // 2), device=dev, dtype=torch.uint8)
             sshape = (A, NR // blk, NK // blk) if fmt.block_2d else (A, NR, NK // blk)
-            side.scales = torch.empty(sshape, device=dev, dtype=fp4.SCALE_DTYPES[fmt.scale])
+            side.scales = torch.empty(sshape, device=dev,
+                                      dtype=torch.float32 if INTERPRET else fp4.SCALE_DTYPES[fmt.scale])
         else:
             side.codes = side.scales = None
         side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes else None
@@ -1222,6 +1225,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
                                      mode, PHILOX_ROUNDS, nw, SR_BITS)
         _launch(_quant_kernel, grid, (x3, M, *args), meta, meta_key)
     for side in (row, col):
+        if INTERPRET and side is not None and side.packed:
+            side.scales = fp4.stored_scales(side.scales, side.fmt)
         want = side and (side.fp8 or out_dtype)
         if side is not None and side.fake is not None and side.fake.dtype != want:
             side.fake = side.fake.to(want)
@@ -1393,7 +1398,7 @@ def _dequantize(q, dtype, fp8_top=None):
         BR = max(BR, fmt.block)
     BK = max(BK, fmt.block)
     codes = q.codes.contiguous()
-    scales = q.scales.contiguous()
+    scales = _kernel_scales(q)
     ts = q.tensor_scale if q.tensor_scale is not None else scales
     top, fp8_scale = fp8_top or (scales, scales)  # (unused pointers when not to FP8)
     grid = (_cdiv(NR, BR), _cdiv(K, BK), Ab)
@@ -1407,6 +1412,11 @@ def _dequantize(q, dtype, fp8_top=None):
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
+def _kernel_scales(q):
+    """q's block scales as the kernels read them: as stored, or fp32 under the interpreter."""
+    return (q.scales.float() if INTERPRET else q.scales).contiguous()
+
+
 def dequantize(q, dtype=None):
     """fp4.dequantize: QTensor -> tensor of the original shape (contiguous), in dtype or q.dtype."""
     return _dequantize(q, dtype)
@@ -1417,7 +1427,7 @@ def fp8_from_packed(q, fp8=fp4.E4M3):
     the dequantize kernel writes the FP8 values and the scale (two launches: this runs once per
     layer in every backward, where a chain of small torch ops cost more than the conversion)."""
     fp4.check_fp8(q.fmt, fp8)
-    top = _flat_amax(q.scales)
+    top = _flat_amax(_kernel_scales(q))
     scale = torch.empty((), device=q.codes.device, dtype=torch.float32)  # the dequantize kernel writes it
     if not q.scales.numel():
         scale.fill_(1.0)  # an empty tensor: no program runs to write it

@@ -101,7 +101,7 @@ def test_scale_dtypes_hold_every_scale_exactly():
     pow2 = torch.ldexp(torch.ones(255), torch.arange(-127, 128))
     for kind, vals in (("e4m3", e4m3), ("e8m0", pow2)):
         vals = torch.cat([vals, torch.tensor([0.0, float("nan")])])
-        stored = fp4._stored_scales(vals, fp4.get_format(f"int4/32/{kind}"))
+        stored = fp4.stored_scales(vals, fp4.get_format(f"int4/32/{kind}"))
         assert stored.dtype == fp4.SCALE_DTYPES[kind] and same_bits(as_np(stored.float()), as_np(vals)), kind
     x = torch.randn(4, 64)
     x[1, :32] *= 2.0 ** -126  # amax about 2^-125: the smallest e8m0 scale, 2^-127

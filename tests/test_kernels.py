@@ -226,6 +226,7 @@ def test_special_values():
         x[4, :32] = torch.linspace(-7.9, 7.9, 32) * 2.0 ** 5   # e8m0 saturation
         x[5, :32] *= 1e-30                 # tiny blocks (normal fp32 scales)
         x[6, :32] *= 1e30                  # huge blocks
+        x[7, :32] *= 2.0 ** -126           # e8m0's smallest scale, 2^-127: a subnormal bf16 stored
         check_rtne(x, fmt, 1, None)
         check_rtne(x, fmt, 1, 16)
         check_rtne(x[:, :64].t().contiguous(), fmt, 0, None)

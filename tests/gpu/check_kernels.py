@@ -80,6 +80,8 @@ def randn(*shape, seed=0, dtype=torch.bfloat16, specials=False):
         x[2, 1:64] = -1e-9
         x[2, 0] = 1.0
         x[3, :64] *= 1e-20
+        # blocks whose e8m0 scale is the smallest, 2^-127: a subnormal where stored as bf16
+        x[4, :64] = torch.randn(64, generator=g, device=DEV) * 2.0 ** -126
     return x.to(dtype)
 
 
@@ -145,7 +147,8 @@ QUICK = Sizes((4096, 4096), (4096, 2048), (4096, 4096, 4096), 4096, (4096, 2048,
 
 def vs_cpu():  # the kernels against the reference computed on the CPU
     x = randn(2048, 4096, seed=13, specials=True)
-    for name, dim, rht in (("ufp4", 1, 16), ("nvfp4", 1, None), ("e2m1", 0, 16), ("nvint4", 0, None)):
+    for name, dim, rht in (("ufp4", 1, 16), ("nvfp4", 1, None), ("e2m1", 0, 16), ("nvint4", 0, None),
+                           ("mxint4", 1, None), ("mxfp4", 0, 16)):
         fmt = fmt_of(name)
         q = kernels.quantize(x, fmt, dim=dim, rht=rht)
         r = fp4.quantize(x.cpu(), fmt, dim=dim, rht=rht)
