@@ -47,8 +47,9 @@ def eff(ms, nbytes):
 
 
 def packed_bytes(n, name):
-    """bf16 in, 4-bit codes and fp32 block scales out."""
-    return 2 * n + n // 2 + 4 * n // fp4.FORMATS[name].block
+    """bf16 in, 4-bit codes and block scales (fp4.SCALE_DTYPES) out."""
+    fmt = fp4.FORMATS[name]
+    return 2 * n + n // 2 + fp4.SCALE_DTYPES[fmt.scale].itemsize * n // fmt.block
 
 
 def gemm_operands(a, b, name):

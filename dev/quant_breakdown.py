@@ -108,7 +108,8 @@ def breakdown(args):
         pair = lambda t, a, b, packed_col=False: fp4._operand_pair(  # noqa: E731
             t, a, b, r, torch.bfloat16, "", packed_col)
         qx = q(x, op.wgrad_x, 0, packed=True)
-        packed_x = 0.5 + 4 / fp4.get_format(r.wgrad.fmt).block  # codes + scales (stored as fp32)
+        wfmt = fp4.get_format(r.wgrad.fmt)
+        packed_x = 0.5 + fp4.SCALE_DTYPES[wfmt.scale].itemsize / wfmt.block  # codes + stored scales
         # (what, tensor, call, bytes per element, run by the layer: the one-kernel pairs, not
         # their two halves)
         keeps = name in KEEPS_X

@@ -69,6 +69,11 @@ def compile_sm(fn, meta, types, options, aligned_except=(), cap=90):
     return triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
 
 
+def _scales_type(fmt):
+    """The pointer type of a format's stored block scales (fp4.SCALE_DTYPES)."""
+    return "*bf16" if fp4.SCALE_DTYPES[fmt.scale] == torch.bfloat16 else "*fp32"
+
+
 def _types(fn, ints, ptrs, default):
     return {n: "i32" if n in ints else ptrs.get(n, default) for n in fn.arg_names}
 
@@ -87,8 +92,10 @@ def compile_quant(row, col, BM, BN, nw, mode, N=3072):
                                   kernels.PHILOX_ROUNDS, nw, kernels.SR_BITS)
     fn = kernels._quant_kernel
     fake = [{fp4.E4M3: "*fp8e4nv", fp4.E5M2: "*fp8e5"}.get(s and s.fp8, "*bf16") for s in sides]
+    scales = [_scales_type(s.fmt) if s else "*fp32" for s in sides]
     ptr = {"x_ptr": "*bf16", "r_fake": fake[0], "c_fake": fake[1], "r_codes": "*u8",
-           "c_codes": "*u8", "r_seed": "*i64", "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
+           "c_codes": "*u8", "r_scales": scales[0], "c_scales": scales[1], "r_seed": "*i64",
+           "c_seed": "*i64", "r_amax": "*i32", "c_amax": "*i32"}
     return compile_sm(fn, meta, _types(fn, ("M",), ptr, "*fp32"),
                         dict(num_warps=meta["num_warps"], enable_fp_fusion=False),
                         aligned_except=("r_seed", "c_seed"))
@@ -110,7 +117,7 @@ def compile_dequant(fmt_name, trans, BR, BK, fp8=False):
                 **kernels._grid_meta(fmt.grid))
     meta["stride_or" if trans else "stride_ok"] = 1   # Triton specializes an int argument of 1
     fn = kernels._dequant_kernel
-    ptr = {"codes_ptr": "*u8", "scales_ptr": "*fp32", "ts_ptr": "*fp32", "top_ptr": "*i32",
+    ptr = {"codes_ptr": "*u8", "scales_ptr": _scales_type(fmt), "ts_ptr": "*fp32", "top_ptr": "*i32",
            "fp8_scale_ptr": "*fp32", "out_ptr": "*fp8e4nv" if fp8 else "*bf16"}
     return compile_sm(fn, meta, _types(fn, (), ptr, "i32"), dict(num_warps=4, enable_fp_fusion=False))
 
