@@ -149,7 +149,8 @@ def round_e4m3(x):
     return x.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
 
 def block_scales(amax, grid, scale_kind, tensor_scale=None):
-    """Per-block decode scale from the block amax (fp32). Returns the stored scale, in fp32."""
+    """Per-block decode scale from the block amax (fp32): the scale's value, in fp32 (a QTensor
+    stores it in SCALE_DTYPES)."""
     # divide by a tensor, not a Python number: CUDA divides by a scalar as a multiply by its
     # reciprocal, which would make the GPU reference differ from the CPU one in the last bit
     qmax = torch.full_like(amax, grid.qmax)
@@ -249,7 +250,9 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None):
 
 def stored_scales(scales, fmt):
     """fp32 block scales as SCALE_DTYPES stores them: bf16 keeps the high 16 bits, exact for these
-    values, NaN staying +NaN (torch's CPU cast writes NaN with the sign bit set)."""
+    values, each NaN keeping its sign (torch's CPU cast writes every NaN with the sign bit set)."""
+    if scales.dtype != torch.float32:
+        raise TypeError(f"block scales are computed in fp32, got {scales.dtype}")
     if SCALE_DTYPES[fmt.scale] != torch.bfloat16:
         return scales
     return (scales.contiguous().view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)

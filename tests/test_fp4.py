@@ -1096,3 +1096,18 @@ def test_fp8_telemetry_reports_the_window():
         fp4.fp4_linear(x, w, fp4.make_recipe("mxfp4", fp8_gemm=True, rht="none"), tag="l").sum().backward()
     summary = fp4.probe_summary(p)
     assert summary["wgrad_x"]["l"][2] == 1 / (96 * 2) and summary["fprop_x"]["l"][2] == 0.0
+
+
+@pytest.mark.parametrize("name", ["ufp4", "nvfp4", "mxfp4"])
+def test_linear_op_fake_matches_real(name):
+    """The forward op's fake (what torch.compile traces) gives the real outputs' shapes and
+    dtypes: y, the SR seeds and Wgrad's packed x (codes, scales in SCALE_DTYPES, tensor scale)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    key = fp4.recipe_key(fp4.make_recipe(name))
+    x, w = torch.randn(64, 96), torch.randn(128, 96)
+    real = fp4._linear_op(x, w, None, key, torch.float32, "", True, [])
+    with FakeTensorMode() as mode:
+        fake = fp4._linear_op(mode.from_tensor(x), mode.from_tensor(w), None, key, torch.float32, "",
+                              True, [])
+    assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]
+    assert real[3].dtype == fp4.SCALE_DTYPES[fp4.get_format(fp4.make_recipe(name).wgrad.fmt).scale]

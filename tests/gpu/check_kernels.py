@@ -148,7 +148,7 @@ QUICK = Sizes((4096, 4096), (4096, 2048), (4096, 4096, 4096), 4096, (4096, 2048,
 def vs_cpu():  # the kernels against the reference computed on the CPU
     x = randn(2048, 4096, seed=13, specials=True)
     for name, dim, rht in (("ufp4", 1, 16), ("nvfp4", 1, None), ("e2m1", 0, 16), ("nvint4", 0, None),
-                           ("mxint4", 1, None), ("mxfp4", 0, 16)):
+                           ("mxint4", 1, None), ("mxfp4", 1, 16)):
         fmt = fmt_of(name)
         q = kernels.quantize(x, fmt, dim=dim, rht=rht)
         r = fp4.quantize(x.cpu(), fmt, dim=dim, rht=rht)
