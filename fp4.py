@@ -28,6 +28,7 @@ Conventions used everywhere:
 import contextlib
 import functools
 import math
+import re
 import typing
 from dataclasses import dataclass, replace
 
@@ -496,6 +497,8 @@ class Recipe:
     bf16_last_fraction: float = 0.0  # ... or the last fraction of them (NVIDIA keeps ~15 %)
     fp8_gemm: bool = False         # power-of-two-scaled formats: GEMMs on FP8 operands (_uses_fp8);
                                    # opt-in: exact but for counted blocks below the window (docs/formats.md)
+    fp8_fast_accum: tuple = ()     # the FP8 GEMMs (names from GEMMS) that accumulate in the tensor
+                                   # cores' fast mode: faster, not always the exact sum (docs/formats.md)
 
     @property
     def quantized(self):
@@ -522,12 +525,23 @@ RECIPES = {
 }
 GEMMS = ("fprop", "dgrad", "wgrad")
 
+def _gemm_names(value, key):
+    """'all', 'none' or a list of GEMMs, comma or slash separated ('fprop,wgrad', 'fprop/wgrad':
+    the slash form fits in bench.py's comma list of recipes) -> a tuple in GEMMS order."""
+    on = {"all": GEMMS, "none": (), "": ()}.get(value, tuple(s.strip() for s in re.split("[,/]", value)))
+    bad = [g for g in on if g not in GEMMS]
+    if bad:
+        raise ValueError(f"{key}={value!r}: unknown GEMM(s) {bad}; use 'all', 'none' or a comma "
+                         f"list of {list(GEMMS)}")
+    return tuple(g for g in GEMMS if g in on)
+
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
-                bf16_first=None, bf16_last=None, fp8_gemm=None):
+                bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None):
     """A preset, with ablation overrides (None keeps the preset's choice):
     fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
-    comma list of GEMMs ('fprop,wgrad'); sr_dy: stochastic rounding on dy in Dgrad and Wgrad;
-    fp8_gemm: True runs power-of-two-scaled formats on FP8 GEMMs (opt-in)."""
+    list of GEMMs ('fprop,wgrad' or 'fprop/wgrad'); sr_dy: stochastic rounding on dy in Dgrad
+    and Wgrad; fp8_gemm: True runs power-of-two-scaled formats on FP8 GEMMs (opt-in);
+    fp8_fast_accum: the FP8 GEMMs that accumulate in fast mode, a list as for rht."""
     if isinstance(name, Recipe):
         r = name
     elif name in RECIPES:
@@ -539,11 +553,7 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
         fmt = get_format(fmt).name if fmt not in ("bf16", "none", "") else None
         gemms = {g: replace(v, fmt=fmt) for g, v in gemms.items()}
     if rht is not None:
-        on = {"all": GEMMS, "none": (), "": ()}.get(rht, tuple(s.strip() for s in rht.split(",")))
-        bad = [g for g in on if g not in GEMMS]
-        if bad:
-            raise ValueError(f"rht={rht!r}: unknown GEMM(s) {bad}; use 'all', 'none' or a comma "
-                             f"list of {list(GEMMS)}")
+        on = _gemm_names(rht, "rht")
         gemms = {g: replace(v, rht=g in on) for g, v in gemms.items()}
     if sr_dy is not None:
         gemms["dgrad"] = replace(gemms["dgrad"], sr_a=bool(sr_dy))
@@ -551,8 +561,9 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     if rht_size is not None and rht_size not in RHT_SIZES:
         raise ValueError(f"rht_size must be one of {RHT_SIZES}, got {rht_size}")
     changes = dict(gemms)
+    fast = _gemm_names(fp8_fast_accum, "fp8_fast_accum") if fp8_fast_accum is not None else None
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
-                     bf16_last=bf16_last, fp8_gemm=fp8_gemm).items():
+                     bf16_last=bf16_last, fp8_gemm=fp8_gemm, fp8_fast_accum=fast).items():
         if v is not None:
             changes[k] = v
     if bf16_last is not None:
@@ -568,6 +579,9 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
                          f"and 1D weight blocks; recipe {r.name!r} has formats "
                          f"{[getattr(out, g).fmt for g in GEMMS]}, weight_2d={out.weight_2d}: pick "
                          f"mxfp4, mxint4 or a 'grid/block/e8m0' format, or leave fp8_gemm off")
+    if fast and not out.fp8_gemm:
+        raise ValueError(f"fp8_fast_accum={fp8_fast_accum!r} only changes FP8 GEMMs: add fp8_gemm=True "
+                         f"(recipe_fp8_gemm), or leave fp8_fast_accum out")
     return r if out == r else replace(out, name=r.name + "*")  # '*' marks a modified preset in logs
 
 def check_dims(recipe, *dims):
@@ -805,10 +819,11 @@ def fp8_capable(recipe):
 def _has_fp8_gemm(device):
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
-def _fp8_mm(a, b, out_dtype):
+def _fp8_mm(a, b, out_dtype, fast=False):
     """a @ b for FP8 operands (values, scale), a row-major and b column-major: the exact products
-    accumulated in fp32 (no fast accumulation: docs/formats.md, FP8 GEMMs)."""
-    out = torch._scaled_mm(a[0], b[0], a[1], b[1], use_fast_accum=False,
+    accumulated in fp32, or with fast (the tensor cores' own accumulation, which cuBLAS does not
+    promote to fp32 along the way: Recipe.fp8_fast_accum, docs/formats.md)."""
+    out = torch._scaled_mm(a[0], b[0], a[1], b[1], use_fast_accum=fast,
                            out_dtype=torch.float32 if out_dtype == torch.float64 else out_dtype)
     return out.to(out_dtype)  # (fp64 inputs: CUDA's FP8 GEMM writes at most fp32)
 
@@ -816,11 +831,12 @@ def _t(q):
     """A GEMM operand transposed: a tensor, or FP8 (values, tensor scale)."""
     return (q[0].t(), q[1]) if isinstance(q, tuple) else q.transpose(-1, -2)
 
-def _gemm(a, b, offs, dtype, fp32=False):
+def _gemm(a, b, offs, dtype, fp32=False, fast=False):
     """a @ b for the layer: FP8 operands (values, scale) on the FP8 tensor cores (_fp8_mm, dense
-    only), else _mm (per expert group where offs); fp32: an fp32 result (Wgrad)."""
+    only; fast: its fast accumulation), else _mm (per expert group where offs); fp32: an fp32
+    result (Wgrad)."""
     if isinstance(a, tuple):
-        return _fp8_mm(a, b, torch.float32 if fp32 else dtype)
+        return _fp8_mm(a, b, torch.float32 if fp32 else dtype, fast)
     return _mm(a, b, offs, fp32)
 
 def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None):
@@ -839,7 +855,7 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq
             xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
                           _wgrad_dtype(x, dtype), tag, packed=True)
     wq = wq if wq is not None else _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
-    return _gemm(xq, _t(wq), _group_ends(counts), dtype), xw
+    return _gemm(xq, _t(wq), _group_ends(counts), dtype, fast="fprop" in recipe.fp8_fast_accum), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
               fp8=False, wq=None):
@@ -856,7 +872,7 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
     if need_dx:
         wq = wq if wq is not None else _operand(weight, op.dgrad_w, recipe, -2, dtype, tag, fp8=e4)
-        dx = _gemm(dyq, wq, _group_ends(counts), dtype).to(x_dtype)
+        dx = _gemm(dyq, wq, _group_ends(counts), dtype, fast="dgrad" in recipe.fp8_fast_accum).to(x_dtype)
     if need_dw:
         wdtype = _wgrad_dtype(dy, dtype)
         dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
@@ -866,7 +882,8 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
             xq = _wgrad_x_fp8(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
         else:
             xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag, fp8=e4)
-        dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True).to(weight.dtype)
+        dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True,
+                   fast="wgrad" in recipe.fp8_fast_accum).to(weight.dtype)
     return dx, dw
 
 def _wgrad_x_fp8(q, tag):

@@ -430,6 +430,28 @@ def test_make_recipe_ablations():
     assert fp4.make_recipe("ufp4") is fp4.RECIPES["ufp4"]
     with pytest.raises(ValueError, match="rht_size"):
         fp4.make_recipe("ufp4", rht_size=24)
+    assert fp4.make_recipe("mxfp4", rht="wgrad/fprop") == fp4.make_recipe("mxfp4", rht="fprop,wgrad")
+
+
+def test_fp8_fast_accum_reaches_the_gemms_it_names(monkeypatch):
+    """recipe fp8_fast_accum: a list of GEMMs ('fprop/dgrad', comma or slash), each FP8 GEMM
+    passing use_fast_accum for exactly those; an error without fp8_gemm or for an unknown GEMM."""
+    assert fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_fast_accum="dgrad,fprop").fp8_fast_accum == ("fprop", "dgrad")
+    assert fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_fast_accum="all").fp8_fast_accum == fp4.GEMMS
+    with pytest.raises(ValueError, match="add fp8_gemm=True"):
+        fp4.make_recipe("mxfp4", fp8_fast_accum="fprop")
+    with pytest.raises(ValueError, match="unknown GEMM"):
+        fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_fast_accum="forward")
+    calls, scaled_mm = [], torch._scaled_mm
+    def spy(*args, use_fast_accum=False, **kw):
+        calls.append(use_fast_accum)
+        return scaled_mm(*args, use_fast_accum=use_fast_accum, **kw)
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    for fast, want in (("none", [False] * 3), ("fprop/dgrad", [True, True, False]), ("wgrad", [False, False, True])):
+        calls.clear()
+        x, w = torch.randn(64, 96, requires_grad=True), torch.randn(128, 96, requires_grad=True)
+        fp4.fp4_linear(x, w, fp4.make_recipe("mxint4", fp8_gemm=True, fp8_fast_accum=fast)).sum().backward()
+        assert calls == want, fast  # Fprop, Dgrad, Wgrad, in the order they run
 
 
 def test_check_dims():

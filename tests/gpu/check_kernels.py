@@ -396,11 +396,13 @@ def fp8_gemm_exact(sz):
         assert rel < (1e-6 if not fast else 1e-4), f"fast={fast}: relative error {rel:.2e}"
 
 
-def fp8_layer(sz, recipe_name):
+def fp8_layer(sz, recipe_name, fast="none"):
+    """y, dx, dW on FP8 GEMMs (fast: the GEMMs in fast accumulation) == on bf16 GEMMs, to bf16
+    rounding."""
     T, IN, OUT = sz.linear
     outs = []
     for on in (True, False):
-        recipe = fp4.make_recipe(recipe_name, sr_dy=False, fp8_gemm=on)
+        recipe = fp4.make_recipe(recipe_name, sr_dy=False, fp8_gemm=on, fp8_fast_accum=fast if on else None)
         assert fp4._uses_fp8(recipe, None, torch.device(DEV)) == on
         torch.manual_seed(0)
         lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
@@ -477,6 +479,8 @@ def run_all(sz):
     for rn in ("mxfp4", "mxint4"):
         check(f"FP4Linear {rn} on FP8 GEMMs == on bf16 GEMMs (to bf16 rounding), no SR",
               lambda: fp8_layer(sz, rn))
+    check("FP4Linear mxint4 on FP8 GEMMs, all in fast accumulation == on bf16 GEMMs (to bf16 rounding)",
+          lambda: fp8_layer(sz, "mxint4", "all"))
     for rn in ("mxfp4", "mxint4"):
         check(f"FP4Linear {rn} on FP8 GEMMs: cached weight == quantized per call (bit for bit)",
               lambda: fp8_cached_weight(sz, rn))
