@@ -124,7 +124,7 @@ recipe_weight_2d = None      # 2D (16x16) scale blocks for the weights
 recipe_bf16_first = None     # the first this many blocks stay in bf16
 recipe_bf16_last = None      # the last this many blocks stay in bf16
 recipe_fp8_gemm = None       # True: power-of-two-scaled formats run FP8 GEMMs (opt-in; default bf16)
-recipe_fp8_fast_accum = None # FP8 GEMMs in fast accumulation: "fprop/dgrad", "all", "none"
+recipe_fp8_fast_accum = None # FP8 GEMMs in fast accumulation ("all", "none", "fprop/dgrad": the default)
 backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
 sr_bits = 8                  # random bits per stochastic-rounding draw in the Triton kernels: 8 or 16
 # AdamW (fp32 master weights and states)

@@ -434,8 +434,9 @@ def test_make_recipe_ablations():
 
 
 def test_fp8_fast_accum_reaches_the_gemms_it_names(monkeypatch):
-    """recipe fp8_fast_accum: a list of GEMMs ('fprop/dgrad', comma or slash), each FP8 GEMM
-    passing use_fast_accum for exactly those; an error without fp8_gemm or for an unknown GEMM."""
+    """recipe fp8_fast_accum: a list of GEMMs ('fprop/dgrad', comma or slash; Fprop and Dgrad by
+    default), each FP8 GEMM passing use_fast_accum for exactly those; an error without fp8_gemm
+    or for an unknown GEMM."""
     assert fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_fast_accum="dgrad,fprop").fp8_fast_accum == ("fprop", "dgrad")
     assert fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_fast_accum="all").fp8_fast_accum == fp4.GEMMS
     with pytest.raises(ValueError, match="add fp8_gemm=True"):
@@ -447,7 +448,7 @@ def test_fp8_fast_accum_reaches_the_gemms_it_names(monkeypatch):
         calls.append(use_fast_accum)
         return scaled_mm(*args, use_fast_accum=use_fast_accum, **kw)
     monkeypatch.setattr(torch, "_scaled_mm", spy)
-    for fast, want in (("none", [False] * 3), ("fprop/dgrad", [True, True, False]), ("wgrad", [False, False, True])):
+    for fast, want in ((None, [True, True, False]), ("none", [False] * 3), ("wgrad", [False, False, True])):
         calls.clear()
         x, w = torch.randn(64, 96, requires_grad=True), torch.randn(128, 96, requires_grad=True)
         fp4.fp4_linear(x, w, fp4.make_recipe("mxint4", fp8_gemm=True, fp8_fast_accum=fast)).sum().backward()
