@@ -532,7 +532,7 @@ def _gemm_names(value, key):
     bad = [g for g in on if g not in GEMMS]
     if bad:
         raise ValueError(f"{key}={value!r}: unknown GEMM(s) {bad}; use 'all', 'none' or a comma "
-                         f"list of {list(GEMMS)}")
+                         f"or slash list of {list(GEMMS)}")
     return tuple(g for g in GEMMS if g in on)
 
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
