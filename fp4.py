@@ -499,6 +499,8 @@ class Recipe:
                                    # opt-in: exact but for counted blocks below the window (docs/formats.md)
     fp8_fast_accum: tuple = ("fprop", "dgrad")  # the FP8 GEMMs that accumulate in the tensor cores'
                                    # fast mode: 5-10 % faster, the same bf16 outputs (docs/formats.md)
+    fp8_wgrad_x: str = "packed"    # how forward keeps Wgrad's x on FP8 GEMMs: "packed" (half a byte an
+                                   # element, made FP8 in backward) or "fp8" (a byte: faster, more memory)
 
     @property
     def quantized(self):
@@ -536,12 +538,13 @@ def _gemm_names(value, key):
     return tuple(g for g in GEMMS if g in on)
 
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
-                bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None):
+                bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None, fp8_wgrad_x=None):
     """A preset, with ablation overrides (None keeps the preset's choice):
     fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
     list of GEMMs ('fprop,wgrad' or 'fprop/wgrad'); sr_dy: stochastic rounding on dy in Dgrad
     and Wgrad; fp8_gemm: True runs power-of-two-scaled formats on FP8 GEMMs (opt-in);
-    fp8_fast_accum: the FP8 GEMMs that accumulate in fast mode, a list as for rht."""
+    fp8_fast_accum: the FP8 GEMMs that accumulate in fast mode, a list as for rht; fp8_wgrad_x:
+    'packed' or 'fp8', how an FP8-GEMM layer keeps Wgrad's x from forward to backward."""
     if isinstance(name, Recipe):
         r = name
     elif name in RECIPES:
@@ -558,12 +561,16 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     if sr_dy is not None:
         gemms["dgrad"] = replace(gemms["dgrad"], sr_a=bool(sr_dy))
         gemms["wgrad"] = replace(gemms["wgrad"], sr_a=bool(sr_dy))
+    if fp8_wgrad_x not in (None, "packed", "fp8"):
+        raise ValueError(f"fp8_wgrad_x must be 'packed' (4-bit codes + scales) or 'fp8' (e4m3), "
+                         f"got {fp8_wgrad_x!r}")
     if rht_size is not None and rht_size not in RHT_SIZES:
         raise ValueError(f"rht_size must be one of {RHT_SIZES}, got {rht_size}")
     changes = dict(gemms)
     fast = _gemm_names(fp8_fast_accum, "fp8_fast_accum") if fp8_fast_accum is not None else None
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
-                     bf16_last=bf16_last, fp8_gemm=fp8_gemm, fp8_fast_accum=fast).items():
+                     bf16_last=bf16_last, fp8_gemm=fp8_gemm, fp8_fast_accum=fast,
+                     fp8_wgrad_x=fp8_wgrad_x).items():
         if v is not None:
             changes[k] = v
     if bf16_last is not None:
@@ -579,9 +586,11 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
                          f"and 1D weight blocks; recipe {r.name!r} has formats "
                          f"{[getattr(out, g).fmt for g in GEMMS]}, weight_2d={out.weight_2d}: pick "
                          f"mxfp4, mxint4 or a 'grid/block/e8m0' format, or leave fp8_gemm off")
-    if fast and not out.fp8_gemm:
-        raise ValueError(f"fp8_fast_accum={fp8_fast_accum!r} only changes FP8 GEMMs: add fp8_gemm=True "
-                         f"(recipe_fp8_gemm), or leave fp8_fast_accum out")
+    for key, value, moot in (("fp8_fast_accum", fp8_fast_accum, fast),
+                             ("fp8_wgrad_x", fp8_wgrad_x, fp8_wgrad_x == "fp8")):
+        if moot and not out.fp8_gemm:
+            raise ValueError(f"{key}={value!r} only changes FP8 GEMMs: add fp8_gemm=True "
+                             f"(recipe_fp8_gemm), or leave {key} out")
     return r if out == r else replace(out, name=r.name + "*")  # '*' marks a modified preset in logs
 
 def check_dims(recipe, *dims):
@@ -839,28 +848,36 @@ def _gemm(a, b, offs, dtype, fp32=False, fast=False):
         return _fp8_mm(a, b, torch.float32 if fp32 else dtype, fast)
     return _mm(a, b, offs, fp32)
 
+def _wgrad_x_fp8(recipe, fp8):
+    """Whether forward keeps Wgrad's x as FP8 (values, scale) rather than packed: on FP8 GEMMs
+    with Recipe.fp8_wgrad_x 'fp8'."""
+    return fp8 and recipe.fp8_wgrad_x == "fp8"
+
 def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None):
-    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x) as a QTensor,
-    quantized along the padded tokens now, while x is at hand, so x need not be kept (on FP8
-    GEMMs too: backward turns it into FP8 with fp8_from_packed). fp8: x and W in e4m3. wq: Q(W)
-    as FP4Linear.cache_weight made it, else W is quantized here."""
+    """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x), quantized
+    along the padded tokens now, while x is at hand, so x need not be kept: a QTensor (on FP8
+    GEMMs too: backward turns it into FP8 with fp8_from_packed), or its e4m3 (values, scale)
+    where _wgrad_x_fp8. fp8: x and W in e4m3. wq: Q(W) as FP4Linear.cache_weight made it, else W
+    is quantized here."""
     op = _operands(recipe, seeds)
     e4 = E4M3 if fp8 else None
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
+    xw_fp8 = E4M3 if _wgrad_x_fp8(recipe, fp8) else None
     if packs and _unpadded(x, counts, recipe, dtype):
-        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=True, fp8=(e4, None))
+        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=not xw_fp8,
+                               fp8=(e4, xw_fp8))
     else:
         xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
         if packs:
             xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
-                          _wgrad_dtype(x, dtype), tag, packed=True)
+                          _wgrad_dtype(x, dtype), tag, packed=not xw_fp8, fp8=xw_fp8)
     wq = wq if wq is not None else _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
     return _gemm(xq, _t(wq), _group_ends(counts), dtype, fast="fprop" in recipe.fp8_fast_accum), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
               fp8=False, wq=None):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
-    tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) packed as forward saved it. On FP8 GEMMs
+    tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as forward saved it. On FP8 GEMMs
     (fp8) dy is e5m2 (gradients need its range), W and x e4m3. wq: Dgrad's Q(W) if cached."""
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
@@ -879,14 +896,16 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         if dyq_w is None:
             dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
         if isinstance(x_or_q, QTensor):
-            xq = _wgrad_x_fp8(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
+            xq = _fp8_of_packed_x(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
+        elif isinstance(x_or_q, tuple):  # FP8 (values, scale)
+            xq = x_or_q
         else:
             xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag, fp8=e4)
         dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True,
                    fast="wgrad" in recipe.fp8_fast_accum).to(weight.dtype)
     return dx, dw
 
-def _wgrad_x_fp8(q, tag):
+def _fp8_of_packed_x(q, tag):
     """Wgrad's saved packed x as its e4m3 GEMM operand; inside probe_alphas() its blocks out of
     the FP8 window are added to the wgrad_x record its forward made."""
     values, scale = fp8_from_packed(q, E4M3)
@@ -929,8 +948,8 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
                tag: str, pack_x: bool, weight_q: list[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
-    tensor scale (empty tensors where there is none). weight_q: [] or the weight's cached FP8
-    operands (_cached_pairs)."""
+    tensor scale (empty tensors where there is none); where _wgrad_x_fp8, its FP8 values [in, T]
+    and scale in the first two. weight_q: [] or the weight's cached FP8 operands (_cached_pairs)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
@@ -938,6 +957,8 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
                     _cached_pairs(weight_q)[0])
     if q is None:
         return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
+    if isinstance(q, tuple):  # FP8 (values [T, in], scale): saved as [in, T] rows
+        return y, seed, q[0].t(), q[1], none(torch.float32)
     return y, seed, q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
 
 @_linear_op.register_fake
@@ -950,14 +971,19 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
     n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
+    if _wgrad_x_fp8(r, _uses_fp8(r, counts, x.device)):
+        return y, seed, empty(x.shape[1], n, dt=E4M3), empty(), empty(0)
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8),
             empty(x.shape[1], n // fmt.block, dt=SCALE_DTYPES[fmt.scale]),
             empty() if fmt.scale == "e4m3" else empty(0))
 
 def _saved_x(x_saved, recipe, x_dtype):
-    """Wgrad's x as forward saved it: [x] -> x; [codes, scales, tensor scale] -> its QTensor."""
+    """Wgrad's x as forward saved it: [x] -> x; [codes, scales, tensor scale] -> its QTensor;
+    [FP8 values [in, T], scale, empty] -> (values [T, in], scale)."""
     if len(x_saved) == 1:
         return x_saved[0]
+    if x_saved[0].dtype == E4M3:
+        return x_saved[0].t(), x_saved[1]
     codes, scales, s_enc = x_saved
     fmt, _, rht = _qparams(recipe.wgrad, recipe, recipe.wgrad.sr_b)
     return QTensor(codes, scales, s_enc if s_enc.numel() else None, fmt,
@@ -968,8 +994,7 @@ def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: 
                         x_saved: list[_Tensor], weight_q: list[_Tensor], recipe: str,
                         dtype: torch.dtype, x_dtype: torch.dtype, tag: str, need_dx: bool,
                         need_dw: bool) -> tuple[_Tensor, _Tensor]:
-    """-> dx, dW (empty where not needed). x_saved: [x], or [codes, scales, tensor scale].
-    weight_q: as _linear_op's."""
+    """-> dx, dW (empty where not needed). x_saved: as _saved_x takes it. weight_q: as _linear_op's."""
     r = _RECIPES_BY_KEY[recipe]
     dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype, tag, seed,
                        need_dx, need_dw, _uses_fp8(r, counts, dy.device), _cached_pairs(weight_q)[1])

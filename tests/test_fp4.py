@@ -455,6 +455,30 @@ def test_fp8_fast_accum_reaches_the_gemms_it_names(monkeypatch):
         assert calls == want, fast  # Fprop, Dgrad, Wgrad, in the order they run
 
 
+def test_fp8_wgrad_x_kept_as_fp8_gives_the_same_layer(monkeypatch):
+    """recipe fp8_wgrad_x='fp8': forward keeps Wgrad's x as e4m3 (values, scale) instead of packed,
+    so backward never converts it (fp8_from_packed), with the same y, dx and dW bit for bit, SR
+    on dy included; an error without fp8_gemm or for another value."""
+    with pytest.raises(ValueError, match="add fp8_gemm=True"):
+        fp4.make_recipe("mxfp4", fp8_wgrad_x="fp8")
+    with pytest.raises(ValueError, match="'packed'"):
+        fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_wgrad_x="e4m3")
+    conversions, from_packed = [], fp4.fp8_from_packed
+    monkeypatch.setattr(fp4, "fp8_from_packed", lambda *a, **k: conversions.append(1) or from_packed(*a, **k))
+    x, w = torch.randn(64, 96), torch.randn(128, 96) * 0.02
+    x[:, 7] *= 2.0 ** -9  # blocks far below the top: the two forms' FP8 scales must agree
+    out = {}
+    for keep in ("packed", "fp8"):
+        conversions.clear()
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        torch.manual_seed(3)
+        y = fp4.fp4_linear(xg, wg, fp4.make_recipe("mxint4", fp8_gemm=True, fp8_wgrad_x=keep))
+        y.square().sum().backward()
+        out[keep] = y.detach(), xg.grad, wg.grad
+        assert len(conversions) == (keep == "packed"), keep
+    assert all(torch.equal(a, b) for a, b in zip(out["packed"], out["fp8"]))
+
+
 def test_check_dims():
     fp4.check_dims(fp4.RECIPES["ufp4"], 64, 128)
     with pytest.raises(ValueError, match="multiples of 16"):
@@ -1104,9 +1128,11 @@ def test_cache_weights_equals_quantizing_per_call():
     assert "weight_fprop" not in lin.state_dict()
 
 
-def test_fp8_telemetry_reports_the_window():
+@pytest.mark.parametrize("wgrad_x", ["packed", "fp8"])
+def test_fp8_telemetry_reports_the_window(wgrad_x):
     """Every operand of a layer on FP8 GEMMs reports its blocks out of the window; Wgrad's x (kept
-    packed, turned into FP8 in backward) among them: one of its 6 x 3 blocks along the tokens."""
+    packed and turned into FP8 in backward, or kept as FP8) among them: one of its 6 x 3 blocks
+    along the tokens."""
     x, w = torch.randn(64, 96, requires_grad=True), torch.randn(128, 96, requires_grad=True)
     for name, expect in ((fp4.make_recipe("mxfp4", fp8_gemm=True), 0.0), ("ufp4", None)):
         with fp4.probe_alphas() as p:
@@ -1116,21 +1142,29 @@ def test_fp8_telemetry_reports_the_window():
     with torch.no_grad():
         x[32:, 5] *= 2.0 ** -30  # one block of Wgrad's x (feature 5, tokens 32-63), not of Fprop's
     with fp4.probe_alphas() as p:
-        fp4.fp4_linear(x, w, fp4.make_recipe("mxfp4", fp8_gemm=True, rht="none"), tag="l").sum().backward()
+        fp4.fp4_linear(x, w, fp4.make_recipe("mxfp4", fp8_gemm=True, rht="none", fp8_wgrad_x=wgrad_x),
+                       tag="l").sum().backward()
     summary = fp4.probe_summary(p)
     assert summary["wgrad_x"]["l"][2] == 1 / (96 * 2) and summary["fprop_x"]["l"][2] == 0.0
 
 
-@pytest.mark.parametrize("name", ["ufp4", "nvfp4", "mxfp4"])
-def test_linear_op_fake_matches_real(name):
+@pytest.mark.parametrize("name, fp8", [("ufp4", {}), ("nvfp4", {}), ("mxfp4", {}),
+                                       ("mxfp4", dict(fp8_gemm=True)),
+                                       ("mxint4", dict(fp8_gemm=True, fp8_wgrad_x="fp8"))])
+def test_linear_op_fake_matches_real(name, fp8):
     """The forward op's fake (what torch.compile traces) gives the real outputs' shapes and
-    dtypes: y, the SR seeds and Wgrad's packed x (codes, scales in SCALE_DTYPES, tensor scale)."""
+    dtypes: y, the SR seeds and Wgrad's packed x (codes, scales in SCALE_DTYPES, tensor scale),
+    or its e4m3 values and scale."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    key = fp4.recipe_key(fp4.make_recipe(name))
+    recipe = fp4.make_recipe(name, **fp8)
+    key = fp4.recipe_key(recipe)
     x, w = torch.randn(64, 96), torch.randn(128, 96)
     real = fp4._linear_op(x, w, None, key, torch.float32, "", True, [])
     with FakeTensorMode() as mode:
         fake = fp4._linear_op(mode.from_tensor(x), mode.from_tensor(w), None, key, torch.float32, "",
                               True, [])
     assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]
-    assert real[3].dtype == fp4.SCALE_DTYPES[fp4.get_format(fp4.make_recipe(name).wgrad.fmt).scale]
+    if recipe.fp8_wgrad_x == "fp8":
+        assert real[2].dtype == fp4.E4M3 and real[2].shape == (96, 64)
+    else:
+        assert real[3].dtype == fp4.SCALE_DTYPES[fp4.get_format(recipe.wgrad.fmt).scale]

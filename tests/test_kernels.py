@@ -1047,11 +1047,13 @@ def test_fp8_from_packed_through_kernels(name, monkeypatch):
         assert torch.equal(bits(got[1]), bits(want[1])), f"{name} dim={dim} scale"
 
 
-def test_fp8_layer_through_kernels_keeps_x_packed(monkeypatch):
+@pytest.mark.parametrize("wgrad_x", ["packed", "fp8"])
+def test_fp8_layer_through_kernels_keeps_x_packed(monkeypatch, wgrad_x):
     """A layer on FP8 GEMMs through kernels.py: Wgrad's x saved packed (codes and scales, no FP8
-    copy), turned into FP8 by the dequantize kernel in backward: the reference's y, dx, dW bits,
-    with x quantized by one kernel for both GEMMs (64 tokens) or by two (40, padded for Wgrad)."""
-    r = fp4.make_recipe("mxint4", fp8_gemm=True, sr_dy=False)
+    copy), turned into FP8 by the dequantize kernel in backward, or saved as FP8 (fp8_wgrad_x):
+    the reference's y, dx, dW bits, with x quantized by one kernel for both GEMMs (64 tokens) or
+    by two (40, padded for Wgrad)."""
+    r = fp4.make_recipe("mxint4", fp8_gemm=True, sr_dy=False, fp8_wgrad_x=wgrad_x)
     for tokens in (64, 40):
         want = _layer_grads(r, None, tokens)
         with monkeypatch.context() as m:
@@ -1059,7 +1061,8 @@ def test_fp8_layer_through_kernels_keeps_x_packed(monkeypatch):
             got = _layer_grads(r, None, tokens)
             lin = fp4.FP4Linear(64, 32, bias=False, recipe=r)
             padded = tokens + (-tokens % 32)
-            assert fp4.saved_bytes(lin, torch.randn(tokens, 64)) == padded * 64 // 2 + padded // 32 * 64 * 2 + 6 * 8
+            kept = padded * 64 // 2 + padded // 32 * 64 * 2 if wgrad_x == "packed" else padded * 64 + 4
+            assert fp4.saved_bytes(lin, torch.randn(tokens, 64)) == kept + 6 * 8
         for a, b, nm in zip(got, want, ("y", "dx", "dW")):
             assert_same(a, b, f"{tokens} tokens {nm}")
 

@@ -1,7 +1,8 @@
 """GPU-only check of kernels.py at real sizes: every kernel against fp4.py's torch reference run
 on the same GPU, bit for bit (RTNE); SR statistics; fp4_matmul vs fake quant + mm; FP4Linear
 with backend triton vs backend torch (y, dx, dW); the FP8 operands bit for bit, the FP8 GEMM
-against the exact product, the layer on FP8 GEMMs and with its weight cached.
+against the exact product, the layer on FP8 GEMMs, with its weight cached and with Wgrad's x
+kept as FP8.
 
     python tests/gpu/check_kernels.py [--quick] [--only=fp8] [--part=k/n]
 
@@ -437,6 +438,24 @@ def fp8_cached_weight(sz, recipe_name):
             same(u, v, f"{recipe_name} call {i} {nm}")
 
 
+def fp8_wgrad_x_kept(sz, recipe_name):
+    """Wgrad's x kept as FP8 from forward (fp8_wgrad_x='fp8') == kept packed and made FP8 in
+    backward: y, dx, dW bit for bit, SR on dy."""
+    T, IN, OUT = sz.cached
+    outs = []
+    for keep in ("packed", "fp8"):
+        torch.manual_seed(0)
+        recipe = fp4.make_recipe(recipe_name, fp8_gemm=True, fp8_wgrad_x=keep)
+        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
+        xi = (randn(T, IN, seed=10, dtype=torch.float32) * 0.01).requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = lin(xi)
+        y.backward(randn(T, OUT, seed=12).to(y.dtype))
+        outs.append((y.detach(), xi.grad, lin.weight.grad))
+    for nm, u, v in zip(("y", "dx", "dW"), *outs):
+        same(u, v, f"{recipe_name} {nm}")
+
+
 def per_format(sz):
     """Each format, row and column, fake quant with RHT16 and packed + dequantize."""
     xb = randn(*sz.big, seed=1, specials=True)
@@ -484,6 +503,8 @@ def run_all(sz):
     for rn in ("mxfp4", "mxint4"):
         check(f"FP4Linear {rn} on FP8 GEMMs: cached weight == quantized per call (bit for bit)",
               lambda: fp8_cached_weight(sz, rn))
+    check("FP4Linear mxint4 on FP8 GEMMs: Wgrad's x kept as FP8 == kept packed (bit for bit, SR)",
+          lambda: fp8_wgrad_x_kept(sz, "mxint4"))
 
 
 def main():
