@@ -3,10 +3,10 @@
 #   recipes  the GPT-2-small-sized dense model (eager, and torch.compile without CUDA graphs for
 #            bf16/ufp4) and its MoE of similar active size; the CUDA-graph table is dev/gpu_perf.sh
 #   fp8      the FP8-GEMM checks of tests/gpu/check_kernels.py, then the CUDA-graph table of
-#            mxfp4 and mxint4 on FP8 GEMMs (opt-in: recipe_fp8_gemm=True) with ufp4 beside
-#            them, dense GPT-2 small (about 210 s)
+#            mxfp4 and mxint4 on FP8 GEMMs (opt-in: recipe_fp8_gemm=True), Wgrad's x kept packed
+#            and as FP8 (recipe_fp8_wgrad_x=fp8), dense GPT-2 small (about 310 s)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
-#   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (about 300 s)
+#   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (about 400 s)
 #   fp8_moe  the table of the MoE, ufp4 beside mxfp4 on FP8 GEMMs (about 180 s)
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
@@ -31,7 +31,7 @@ one() {  # name, seconds, then bench.py arguments
     cp "out/bench_$name/bench.md" "$OUT/$name.md" 2>/dev/null
     cp "out/bench_$name/bench.json" "$OUT/$name.json" 2>/dev/null
 }
-G="--compile=True --compile_mode=reduce-overhead"; F=recipe_fp8_gemm=True
+G="--compile=True --compile_mode=reduce-overhead"; F=recipe_fp8_gemm=True; X=recipe_fp8_wgrad_x=fp8
 case $set_name in
 recipes)
     B="--dataset=shakespeare --warmup=5 --iters=10"
@@ -42,12 +42,13 @@ fp8)
     timeout 150 python3 tests/gpu/check_kernels.py --quick --only=fp8 > "$OUT/check_fp8.log" 2>&1
     tail -16 "$OUT/check_fp8.log"
     one fp8_gemm_dense 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F,mxint4+$F,ufp4 ;;
+        --recipes=bf16,mxfp4+$F,mxfp4+$F+$X,mxint4+$F,mxint4+$F+$X ;;
 fp8_e8m0)
     one fp8_gemm_int4_16_e8m0 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4+recipe_format=int4/16/e8m0+$F,mxint4+$F ;;
 fp8_wide)
-    one fp8_gemm_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G --recipes=bf16,mxfp4+$F,mxint4+$F ;;
+    one fp8_gemm_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F,mxfp4+$F+$X,mxint4+$F+$X ;;
 fp8_moe)
     one fp8_gemm_moe 500 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G --recipes=bf16,ufp4,mxfp4+$F ;;
 checks)
