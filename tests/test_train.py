@@ -20,7 +20,8 @@ import torch
 from train_helpers import (MOE, ROOT, GlobalBatchLoader, keep_global_rng,  # noqa: F401 (autouse)
                            make_char_dataset, read_log, tiny_args)
 
-import train  # noqa: E402  (train_helpers puts the repo root on sys.path)
+import fp4  # noqa: E402  (train_helpers puts the repo root on sys.path)
+import train  # noqa: E402
 
 PY = sys.executable
 
@@ -55,6 +56,21 @@ def test_recipe_from_spec_applies_the_keys_after_plus(tmp_path):
     assert plain.wgrad.sr_a and not fp8.wgrad.sr_a
     with pytest.raises(train.ConfigError, match="unknown config key"):
         train.recipe_from_spec(str(cfg_file), "mxfp4+recipe_fp8=True")
+    kept = train.recipe_from_spec(str(cfg_file), "mxint4+recipe_fp8_gemm=True+recipe_fp8_wgrad_x=fp8"
+                                                 "+recipe_fp8_fast_accum=fprop/dgrad/wgrad")
+    assert kept.fp8_wgrad_x == "fp8" and kept.fp8_fast_accum == fp4.GEMMS
+    with pytest.raises(train.ConfigError, match="recipe: fp8_wgrad_x"):
+        train.recipe_from_spec(str(cfg_file), "mxfp4+recipe_fp8_wgrad_x=fp8")
+
+def test_every_recipe_override_has_a_config_key():
+    """Each override fp4.make_recipe takes is a train.py key (None by default, typed in NULLABLE)
+    that checkpoints carry (RECIPE_KEYS): a new Recipe field cannot be left unreachable from
+    configs or lost on resume."""
+    import inspect
+    args = set(inspect.signature(fp4.make_recipe).parameters) - {"name"}
+    assert set(train.RECIPE_KEYS.values()) == args
+    for key in train.RECIPE_KEYS:
+        assert train.DEFAULTS[key] is None and key in train.NULLABLE, key
 
 def test_unknown_key_lists_close_matches(tmp_path):
     with pytest.raises(train.ConfigError, match=r"unknown config key 'lerning_rate'.*learning_rate"):
