@@ -502,6 +502,16 @@ class Recipe:
     fp8_wgrad_x: str = "packed"    # how forward keeps Wgrad's x on FP8 GEMMs: "packed" (half a byte an
                                    # element, made FP8 in backward) or "fp8" (a byte: faster, more memory)
 
+    def __post_init__(self):  # a Recipe built directly (not by make_recipe) is checked too
+        if self.fp8_wgrad_x not in ("packed", "fp8"):
+            raise ValueError(f"fp8_wgrad_x must be 'packed' (4-bit codes + scales) or 'fp8' (e4m3), "
+                             f"got {self.fp8_wgrad_x!r}")
+        if self.rht_size not in RHT_SIZES:
+            raise ValueError(f"rht_size must be one of {RHT_SIZES}, got {self.rht_size}")
+        if not set(self.fp8_fast_accum) <= {"fprop", "dgrad", "wgrad"}:
+            raise ValueError(f"fp8_fast_accum names GEMMs of ('fprop', 'dgrad', 'wgrad'), "
+                             f"got {self.fp8_fast_accum!r}")
+
     @property
     def quantized(self):
         return any(g.fmt for g in (self.fprop, self.dgrad, self.wgrad))
@@ -561,11 +571,6 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     if sr_dy is not None:
         gemms["dgrad"] = replace(gemms["dgrad"], sr_a=bool(sr_dy))
         gemms["wgrad"] = replace(gemms["wgrad"], sr_a=bool(sr_dy))
-    if fp8_wgrad_x not in (None, "packed", "fp8"):
-        raise ValueError(f"fp8_wgrad_x must be 'packed' (4-bit codes + scales) or 'fp8' (e4m3), "
-                         f"got {fp8_wgrad_x!r}")
-    if rht_size is not None and rht_size not in RHT_SIZES:
-        raise ValueError(f"rht_size must be one of {RHT_SIZES}, got {rht_size}")
     changes = dict(gemms)
     fast = _gemm_names(fp8_fast_accum, "fp8_fast_accum") if fp8_fast_accum is not None else None
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,

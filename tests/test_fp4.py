@@ -433,6 +433,13 @@ def test_make_recipe_ablations():
     assert fp4.make_recipe("mxfp4", rht="wgrad/fprop") == fp4.make_recipe("mxfp4", rht="fprop,wgrad")
 
 
+@pytest.mark.parametrize("field, bad, match", [("fp8_wgrad_x", "e4m3", "'packed'"), ("rht_size", 24, "rht_size"),
+                                               ("fp8_fast_accum", ("forward",), "names GEMMs")])
+def test_recipe_checks_its_fields_when_built_directly(field, bad, match):
+    with pytest.raises(ValueError, match=match):
+        fp4.Recipe("custom", **{field: bad})
+
+
 def test_fp8_fast_accum_reaches_the_gemms_it_names(monkeypatch):
     """recipe fp8_fast_accum: a list of GEMMs ('fprop/dgrad', comma or slash; Fprop and Dgrad by
     default), each FP8 GEMM passing use_fast_accum for exactly those; an error without fp8_gemm
@@ -455,28 +462,50 @@ def test_fp8_fast_accum_reaches_the_gemms_it_names(monkeypatch):
         assert calls == want, fast  # Fprop, Dgrad, Wgrad, in the order they run
 
 
+def _wgrad_x_forms(x, w, monkeypatch):
+    """mxint4 on FP8 GEMMs (RHT on Wgrad, SR on dy) with Wgrad's x kept packed and as FP8, SR seeded
+    alike: per form, (y, dx, dW), Wgrad x's out-of-window fraction and the fp8_from_packed calls."""
+    calls, from_packed = [], fp4.fp8_from_packed
+    monkeypatch.setattr(fp4, "fp8_from_packed", lambda *a, **k: calls.append(1) or from_packed(*a, **k))
+    out = {}
+    for keep in ("packed", "fp8"):
+        calls.clear()
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        torch.manual_seed(3)
+        with fp4.probe_alphas() as p:
+            y = fp4.fp4_linear(xg, wg, fp4.make_recipe("mxint4", fp8_gemm=True, fp8_wgrad_x=keep), tag="l")
+            y.square().sum().backward()
+        out[keep] = (y.detach(), xg.grad, wg.grad), fp4.probe_summary(p)["wgrad_x"]["l"][2], len(calls)
+    return out
+
+
 def test_fp8_wgrad_x_kept_as_fp8_gives_the_same_layer(monkeypatch):
     """recipe fp8_wgrad_x='fp8': forward keeps Wgrad's x as e4m3 (values, scale) instead of packed,
     so backward never converts it (fp8_from_packed), with the same y, dx and dW bit for bit, SR
-    on dy included; an error without fp8_gemm or for another value."""
+    on dy included, while no block leaves either form's FP8 window; an error without fp8_gemm or
+    for another value."""
     with pytest.raises(ValueError, match="add fp8_gemm=True"):
         fp4.make_recipe("mxfp4", fp8_wgrad_x="fp8")
     with pytest.raises(ValueError, match="'packed'"):
         fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_wgrad_x="e4m3")
-    conversions, from_packed = [], fp4.fp8_from_packed
-    monkeypatch.setattr(fp4, "fp8_from_packed", lambda *a, **k: conversions.append(1) or from_packed(*a, **k))
     x, w = torch.randn(64, 96), torch.randn(128, 96) * 0.02
-    x[:, 7] *= 2.0 ** -9  # blocks far below the top: the two forms' FP8 scales must agree
-    out = {}
-    for keep in ("packed", "fp8"):
-        conversions.clear()
-        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-        torch.manual_seed(3)
-        y = fp4.fp4_linear(xg, wg, fp4.make_recipe("mxint4", fp8_gemm=True, fp8_wgrad_x=keep))
-        y.square().sum().backward()
-        out[keep] = y.detach(), xg.grad, wg.grad
-        assert len(conversions) == (keep == "packed"), keep
-    assert all(torch.equal(a, b) for a, b in zip(out["packed"], out["fp8"]))
+    x[:, 7] *= 2.0 ** -9  # blocks far below the top, still inside both windows
+    out = _wgrad_x_forms(x, w, monkeypatch)
+    assert [out[k][1:] for k in ("packed", "fp8")] == [(0.0, 1), (0.0, 0)]
+    assert all(torch.equal(a, b) for a, b in zip(out["packed"][0], out["fp8"][0]))
+
+
+def test_fp8_wgrad_x_kept_as_fp8_has_a_narrower_window_under_rht(monkeypatch):
+    """Under RHT the kept-FP8 x takes its tensor scale from x's amax with the RHT's growth bound
+    (to_fp8), the packed x from its largest block after the RHT: the FP8 form's window ends a few
+    binades higher. A feature 2^-14 below the rest is inside the packed form's window and outside
+    the FP8 form's: only dW differs, and telemetry counts that feature's two token blocks."""
+    x, w = torch.randn(64, 96), torch.randn(128, 96) * 0.02
+    x[:, 7] *= 2.0 ** -14
+    out = _wgrad_x_forms(x, w, monkeypatch)
+    assert out["packed"][1] == 0.0 and out["fp8"][1] == 2 / (96 * 2)
+    same = [torch.equal(a, b) for a, b in zip(out["packed"][0], out["fp8"][0])]
+    assert same == [True, True, False]
 
 
 def test_check_dims():
@@ -1129,7 +1158,7 @@ def test_cache_weights_equals_quantizing_per_call():
 
 
 @pytest.mark.parametrize("wgrad_x", ["packed", "fp8"])
-def test_fp8_telemetry_reports_the_window(wgrad_x):
+def test_fp8_telemetry_reports_the_window(wgrad_x, monkeypatch):
     """Every operand of a layer on FP8 GEMMs reports its blocks out of the window; Wgrad's x (kept
     packed and turned into FP8 in backward, or kept as FP8) among them: one of its 6 x 3 blocks
     along the tokens."""
@@ -1141,11 +1170,14 @@ def test_fp8_telemetry_reports_the_window(wgrad_x):
         assert {v["l"][2] for v in summary.values()} == {expect}
     with torch.no_grad():
         x[32:, 5] *= 2.0 ** -30  # one block of Wgrad's x (feature 5, tokens 32-63), not of Fprop's
+    conversions, from_packed = [], fp4.fp8_from_packed
+    monkeypatch.setattr(fp4, "fp8_from_packed", lambda *a, **k: conversions.append(1) or from_packed(*a, **k))
     with fp4.probe_alphas() as p:
         fp4.fp4_linear(x, w, fp4.make_recipe("mxfp4", fp8_gemm=True, rht="none", fp8_wgrad_x=wgrad_x),
                        tag="l").sum().backward()
     summary = fp4.probe_summary(p)
     assert summary["wgrad_x"]["l"][2] == 1 / (96 * 2) and summary["fprop_x"]["l"][2] == 0.0
+    assert len(conversions) == (wgrad_x == "packed")  # the form asked for is the one counted
 
 
 @pytest.mark.parametrize("name, fp8", [("ufp4", {}), ("nvfp4", {}), ("mxfp4", {}),
@@ -1163,7 +1195,7 @@ def test_linear_op_fake_matches_real(name, fp8):
     with FakeTensorMode() as mode:
         fake = fp4._linear_op(mode.from_tensor(x), mode.from_tensor(w), None, key, torch.float32, "",
                               True, [])
-    assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]
+    assert [(t.shape, t.stride(), t.dtype) for t in fake] == [(t.shape, t.stride(), t.dtype) for t in real]
     if recipe.fp8_wgrad_x == "fp8":
         assert real[2].dtype == fp4.E4M3 and real[2].shape == (96, 64)
     else:
