@@ -440,7 +440,8 @@ def fp8_cached_weight(sz, recipe_name):
 
 def fp8_wgrad_x_kept(sz, recipe_name):
     """Wgrad's x kept as FP8 from forward (fp8_wgrad_x='fp8') == kept packed and made FP8 in
-    backward: y, dx, dW bit for bit, SR on dy."""
+    backward: y, dx, dW bit for bit, SR on dy, on data inside both forms' FP8 windows; forward
+    saves e4m3 values only in the FP8 form (the field reaches the layer)."""
     T, IN, OUT = sz.cached
     outs = []
     for keep in ("packed", "fp8"):
@@ -448,8 +449,11 @@ def fp8_wgrad_x_kept(sz, recipe_name):
         recipe = fp4.make_recipe(recipe_name, fp8_gemm=True, fp8_wgrad_x=keep)
         lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
         xi = (randn(T, IN, seed=10, dtype=torch.float32) * 0.01).requires_grad_(True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = lin(xi)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = lin(xi)
+        assert (fp4.E4M3 in saved) == (keep == "fp8"), f"{keep}: forward saved {saved}"
         y.backward(randn(T, OUT, seed=12).to(y.dtype))
         outs.append((y.detach(), xi.grad, lin.weight.grad))
     for nm, u, v in zip(("y", "dx", "dW"), *outs):
