@@ -484,6 +484,8 @@ class Gemm:
     sr_a: bool = False
     sr_b: bool = False
 
+GEMMS = ("fprop", "dgrad", "wgrad")
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -508,9 +510,8 @@ class Recipe:
                              f"got {self.fp8_wgrad_x!r}")
         if self.rht_size not in RHT_SIZES:
             raise ValueError(f"rht_size must be one of {RHT_SIZES}, got {self.rht_size}")
-        if not set(self.fp8_fast_accum) <= {"fprop", "dgrad", "wgrad"}:
-            raise ValueError(f"fp8_fast_accum names GEMMs of ('fprop', 'dgrad', 'wgrad'), "
-                             f"got {self.fp8_fast_accum!r}")
+        if not set(self.fp8_fast_accum) <= set(GEMMS):
+            raise ValueError(f"fp8_fast_accum names GEMMs of {GEMMS}, got {self.fp8_fast_accum!r}")
 
     @property
     def quantized(self):
@@ -535,8 +536,6 @@ RECIPES = {
     # UFP4's recipe on power-of-two 1x32 block scales (FP8 GEMMs with fp8_gemm: _uses_fp8)
     "mxint4": _preset("mxint4", "mxint4", ("fprop", "dgrad", "wgrad")),
 }
-GEMMS = ("fprop", "dgrad", "wgrad")
-
 def _gemm_names(value, key):
     """'all', 'none' or a list of GEMMs, comma or slash separated ('fprop,wgrad', 'fprop/wgrad':
     the slash form fits in bench.py's comma list of recipes) -> a tuple in GEMMS order."""

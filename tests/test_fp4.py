@@ -462,12 +462,17 @@ def test_fp8_fast_accum_reaches_the_gemms_it_names(monkeypatch):
         assert calls == want, fast  # Fprop, Dgrad, Wgrad, in the order they run
 
 
+def _count_fp8_from_packed(monkeypatch):
+    """A list that gets an entry per fp4.fp8_from_packed call (the packed x made FP8 in backward)."""
+    calls, from_packed = [], fp4.fp8_from_packed
+    monkeypatch.setattr(fp4, "fp8_from_packed", lambda *a, **k: calls.append(1) or from_packed(*a, **k))
+    return calls
+
+
 def _wgrad_x_forms(x, w, monkeypatch):
     """mxint4 on FP8 GEMMs (RHT on Wgrad, SR on dy) with Wgrad's x kept packed and as FP8, SR seeded
     alike: per form, (y, dx, dW), Wgrad x's out-of-window fraction and the fp8_from_packed calls."""
-    calls, from_packed = [], fp4.fp8_from_packed
-    monkeypatch.setattr(fp4, "fp8_from_packed", lambda *a, **k: calls.append(1) or from_packed(*a, **k))
-    out = {}
+    calls, out = _count_fp8_from_packed(monkeypatch), {}
     for keep in ("packed", "fp8"):
         calls.clear()
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -1170,8 +1175,7 @@ def test_fp8_telemetry_reports_the_window(wgrad_x, monkeypatch):
         assert {v["l"][2] for v in summary.values()} == {expect}
     with torch.no_grad():
         x[32:, 5] *= 2.0 ** -30  # one block of Wgrad's x (feature 5, tokens 32-63), not of Fprop's
-    conversions, from_packed = [], fp4.fp8_from_packed
-    monkeypatch.setattr(fp4, "fp8_from_packed", lambda *a, **k: conversions.append(1) or from_packed(*a, **k))
+    conversions = _count_fp8_from_packed(monkeypatch)
     with fp4.probe_alphas() as p:
         fp4.fp4_linear(x, w, fp4.make_recipe("mxfp4", fp8_gemm=True, rht="none", fp8_wgrad_x=wgrad_x),
                        tag="l").sum().backward()
