@@ -774,24 +774,38 @@ def _mm(a, b, offs=None, fp32=False):
 def _group_ends(counts):
     return None if counts is None else torch.cumsum(counts, 0).to(torch.int32)
 
-def _wgrad_padding(recipe, n_rows, counts, device):
-    """Wgrad quantizes x and dy in blocks along the tokens: (rows per block, rows after padding
-    to whole blocks). Experts pad each group (CUDA's grouped GEMM also wants 16-aligned groups),
-    to the static bound n_rows + E (multiple - 1): no host sync."""
+def group_multiple(recipe, device):
+    """The row multiple of expert groups under `recipe` on `device`: Wgrad quantizes x and dy in
+    blocks (and RHT chunks) along the tokens, which must not span two experts, and CUDA's grouped
+    GEMM wants 16-aligned groups. GroupedLinear pads each group to it, unless the caller laid the
+    rows out so already (GroupedLinear.forward's aligned)."""
+    return max(_wgrad_block_rows(recipe), 16 if device.type == "cuda" else 1)
+
+def _wgrad_block_rows(recipe):
     g = recipe.wgrad
-    multiple = math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
+    return math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
+
+def _wgrad_padding(recipe, n_rows, counts, device, aligned=False):
+    """Wgrad quantizes x and dy in blocks along the tokens: (rows per block, rows after padding
+    to whole blocks). Experts pad each group to group_multiple, to the static bound
+    n_rows + E (multiple - 1): no host sync; aligned groups need no padding."""
     if counts is None:
+        multiple = _wgrad_block_rows(recipe)
         return multiple, n_rows + (-n_rows % multiple)
-    multiple = max(multiple, 16 if device.type == "cuda" else 1)
+    multiple = group_multiple(recipe, device)
+    if aligned:
+        return multiple, n_rows
     return multiple, (n_rows + counts.shape[0] * (multiple - 1) + multiple - 1) // multiple * multiple
 
-def _wgrad_rows(t, counts, recipe):
+def _wgrad_rows(t, counts, recipe, aligned=False):
     """Wgrad's operand t [T, n] (x or dy) padded with zero rows to whole blocks: at the end
-    (dense), or after each expert's group (no block spans two experts). Zero rows add nothing to
-    dW = dy^T x. Returns (padded t, padded group ends or None)."""
-    multiple, length = _wgrad_padding(recipe, t.shape[0], counts, t.device)
+    (dense), or after each expert's group (no block spans two experts; aligned groups are so
+    already). Zero rows add nothing to dW = dy^T x. Returns (padded t, padded group ends or None)."""
+    multiple, length = _wgrad_padding(recipe, t.shape[0], counts, t.device, aligned)
     if counts is None:
         return (F.pad(t, (0, 0, 0, length - t.shape[0])) if length > t.shape[0] else t), None
+    if aligned:
+        return t, _group_ends(counts)
     padded = (counts + multiple - 1) // multiple * multiple
     ends = torch.cumsum(padded, 0)
     group = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
@@ -803,10 +817,11 @@ def _wgrad_rows(t, counts, recipe):
 def _wgrad_dtype(x, dtype):
     return torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
 
-def _unpadded(t, counts, recipe, dtype):
-    """A dense layer's t [T, n] whose Wgrad side needs no padding and no other dtype: one tensor
-    serves its row-wise and column-wise quantization (_operand_pair)."""
-    return (counts is None and _wgrad_padding(recipe, t.shape[0], None, t.device)[1] == t.shape[0]
+def _unpadded(t, counts, recipe, dtype, aligned=False):
+    """A t [T, n] (dense, or aligned expert groups) whose Wgrad side needs no padding and no other
+    dtype: one tensor serves its row-wise and column-wise quantization (_operand_pair)."""
+    return ((aligned or counts is None)
+            and _wgrad_padding(recipe, t.shape[0], counts, t.device, aligned)[1] == t.shape[0]
             and _wgrad_dtype(t, dtype) == dtype)
 
 def _packs_wgrad_x(recipe, pack_x):
@@ -857,29 +872,29 @@ def _wgrad_x_fp8(recipe, fp8):
     with Recipe.fp8_wgrad_x 'fp8'."""
     return fp8 and recipe.fp8_wgrad_x == "fp8"
 
-def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None):
+def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq=None, aligned=False):
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x), quantized
     along the padded tokens now, while x is at hand, so x need not be kept: a QTensor (on FP8
     GEMMs too: backward turns it into FP8 with fp8_from_packed), or its e4m3 (values, scale)
     where _wgrad_x_fp8. fp8: x and W in e4m3. wq: Q(W) as FP4Linear.cache_weight made it, else W
-    is quantized here."""
+    is quantized here. aligned: the expert groups need no padding (GroupedLinear.forward)."""
     op = _operands(recipe, seeds)
     e4 = E4M3 if fp8 else None
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     xw_fp8 = E4M3 if _wgrad_x_fp8(recipe, fp8) else None
-    if packs and _unpadded(x, counts, recipe, dtype):
+    if packs and _unpadded(x, counts, recipe, dtype, aligned):
         xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=not xw_fp8,
                                fp8=(e4, xw_fp8))
     else:
         xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
         if packs:
-            xw = _operand(_wgrad_rows(x, counts, recipe)[0], op.wgrad_x, recipe, 0,
+            xw = _operand(_wgrad_rows(x, counts, recipe, aligned)[0], op.wgrad_x, recipe, 0,
                           _wgrad_dtype(x, dtype), tag, packed=not xw_fp8, fp8=xw_fp8)
     wq = wq if wq is not None else _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
     return _gemm(xq, _t(wq), _group_ends(counts), dtype, fast="fprop" in recipe.fp8_fast_accum), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
-              fp8=False, wq=None):
+              fp8=False, wq=None, aligned=False):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as forward saved it. On FP8 GEMMs
     (fp8) dy is e5m2 (gradients need its range), W and x e4m3. wq: Dgrad's Q(W) if cached."""
@@ -887,7 +902,7 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
     dy = dy.contiguous()
     dx = dw = dyq_w = None
-    if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype):
+    if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype, aligned):
         dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=(e5, e5))
     elif need_dx:
         dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
@@ -896,7 +911,7 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         dx = _gemm(dyq, wq, _group_ends(counts), dtype, fast="dgrad" in recipe.fp8_fast_accum).to(x_dtype)
     if need_dw:
         wdtype = _wgrad_dtype(dy, dtype)
-        dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe)
+        dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe, aligned)
         if dyq_w is None:
             dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
         if isinstance(x_or_q, QTensor):
@@ -904,7 +919,8 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
         elif isinstance(x_or_q, tuple):  # FP8 (values, scale)
             xq = x_or_q
         else:
-            xq = _operand(_wgrad_rows(x_or_q, counts, recipe)[0], op.wgrad_x, recipe, 0, wdtype, tag, fp8=e4)
+            xq = _operand(_wgrad_rows(x_or_q, counts, recipe, aligned)[0], op.wgrad_x, recipe, 0, wdtype,
+                          tag, fp8=e4)
         dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True,
                    fast="wgrad" in recipe.fp8_fast_accum).to(weight.dtype)
     return dx, dw
@@ -950,15 +966,16 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 # tagged random: the compiler must neither merge two calls nor recompute one in backward
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
-               tag: str, pack_x: bool, weight_q: list[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+               tag: str, pack_x: bool, weight_q: list[_Tensor], aligned: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
     tensor scale (empty tensors where there is none); where _wgrad_x_fp8, its FP8 values [in, T]
-    and scale in the first two. weight_q: [] or the weight's cached FP8 operands (_cached_pairs)."""
+    and scale in the first two. weight_q: [] or the weight's cached FP8 operands (_cached_pairs).
+    aligned: expert groups laid out in whole group_multiple rows (GroupedLinear.forward)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seed(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device),
-                    _cached_pairs(weight_q)[0])
+                    _cached_pairs(weight_q)[0], aligned)
     if q is None:
         return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
     if isinstance(q, tuple):  # FP8 (values [T, in], scale): saved as [in, T] rows
@@ -966,7 +983,7 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
     return y, seed, q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
 
 @_linear_op.register_fake
-def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
+def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q, aligned):
     r = _RECIPES_BY_KEY[recipe]
     empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
     y = empty(x.shape[0], weight.shape[-2], dt=dtype)
@@ -974,7 +991,7 @@ def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q):
     if not _packs_wgrad_x(r, pack_x):
         return y, seed, empty(0, dt=torch.uint8), empty(0), empty(0)
     fmt = get_format(r.wgrad.fmt)
-    n = _wgrad_padding(r, x.shape[0], counts, x.device)[1]
+    n = _wgrad_padding(r, x.shape[0], counts, x.device, aligned)[1]
     if _wgrad_x_fp8(r, _uses_fp8(r, counts, x.device)):
         return y, seed, empty(x.shape[1], n, dt=E4M3), empty(), empty(0)
     return (y, seed, empty(x.shape[1], n // 2, dt=torch.uint8),
@@ -997,37 +1014,37 @@ def _saved_x(x_saved, recipe, x_dtype):
 def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: _Tensor,
                         x_saved: list[_Tensor], weight_q: list[_Tensor], recipe: str,
                         dtype: torch.dtype, x_dtype: torch.dtype, tag: str, need_dx: bool,
-                        need_dw: bool) -> tuple[_Tensor, _Tensor]:
+                        need_dw: bool, aligned: bool) -> tuple[_Tensor, _Tensor]:
     """-> dx, dW (empty where not needed). x_saved: as _saved_x takes it. weight_q: as _linear_op's."""
     r = _RECIPES_BY_KEY[recipe]
     dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype, tag, seed,
-                       need_dx, need_dw, _uses_fp8(r, counts, dy.device), _cached_pairs(weight_q)[1])
+                       need_dx, need_dw, _uses_fp8(r, counts, dy.device), _cached_pairs(weight_q)[1], aligned)
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))
 
 @_linear_backward_op.register_fake
-def _(dy, weight, counts, seed, x_saved, weight_q, recipe, dtype, x_dtype, tag, need_dx, need_dw):
+def _(dy, weight, counts, seed, x_saved, weight_q, recipe, dtype, x_dtype, tag, need_dx, need_dw, aligned):
     return (dy.new_empty((dy.shape[0], weight.shape[-1]) if need_dx else (0,), dtype=x_dtype),
             weight.new_empty(weight.shape if need_dw else (0,)))
 
 def _setup_context(ctx, inputs, output):
-    x, weight, counts, recipe, dtype, tag, pack_x, weight_q = inputs
+    x, weight, counts, recipe, dtype, tag, pack_x, weight_q, aligned = inputs
     _, seed, codes, scales, s_enc = output
     packed = _packs_wgrad_x(_RECIPES_BY_KEY[recipe], pack_x)
     ctx.save_for_backward(weight, counts, seed, *weight_q, *((codes, scales, s_enc) if packed else (x,)))
     ctx.n_weight_q = len(weight_q)
     ctx.mark_non_differentiable(seed, codes, scales, s_enc)
     ctx.set_materialize_grads(False)
-    ctx.recipe, ctx.dtype, ctx.x_dtype, ctx.tag = recipe, dtype, x.dtype, tag
+    ctx.recipe, ctx.dtype, ctx.x_dtype, ctx.tag, ctx.aligned = recipe, dtype, x.dtype, tag, aligned
 
 def _linear_autograd(ctx, dy, *_):
     weight, counts, seed, *rest = ctx.saved_tensors
     weight_q, x_saved = rest[:ctx.n_weight_q], rest[ctx.n_weight_q:]
     need_dx, need_dw = ctx.needs_input_grad[:2]
     dx, dw = _linear_backward_op(dy, weight, counts, seed, x_saved, weight_q, ctx.recipe,
-                                 ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw)
+                                 ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw, ctx.aligned)
     return (dx if need_dx else None, dw if need_dw else None, None, None, None, None, None,
-            [None] * ctx.n_weight_q)
+            [None] * ctx.n_weight_q, None)
 
 _linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
 
@@ -1044,7 +1061,7 @@ def _cached_pairs(weight_q):
         return None, None
     return (weight_q[0], weight_q[1]), (weight_q[2], weight_q[3])
 
-def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=()):
+def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), aligned=False):
     dtype = _compute_dtype(x)  # the autocast dtype, else fp32 (fp64 stays fp64)
     if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
         # as autocast's F.linear: x in the autocast dtype (a LayerNorm's fp32 output, cast where
@@ -1052,7 +1069,7 @@ def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=()):
         x = x.to(dtype)
     pack_x = pack_x and torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad
     with torch.autocast(x.device.type, enabled=False):
-        return _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q))[0]
+        return _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q), aligned)[0]
 
 def fp4_linear(x, weight, recipe, counts=None, tag=""):
     """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a
@@ -1147,7 +1164,9 @@ class FP4Linear(_Quantized, nn.Linear):
 
 class GroupedLinear(_Quantized, nn.Module):
     """num_groups independent linears (no bias) applied to row groups: the MoE experts.
-    forward(x [N, in] sorted by group, counts [num_groups] (tensor or list) summing to N) -> [N, out]."""
+    forward(x [N, in] sorted by group, counts [num_groups] (tensor or list) summing to N) -> [N, out].
+    With aligned=True each count is a multiple of group_multiple(x.device) (rows past a group's
+    real ones are zero): the layer then pads nothing (no copy of x and dy per call)."""
 
     def __init__(self, num_groups, in_features, out_features, recipe="bf16", device=None, dtype=None):
         super().__init__()
@@ -1159,18 +1178,27 @@ class GroupedLinear(_Quantized, nn.Module):
         check_dims(self.recipe, in_features, out_features)
         self.tag = ""
 
-    def forward(self, x, counts):
+    def group_multiple(self, device):
+        """The row multiple of each group for aligned=True (fp4.group_multiple of the recipe)."""
+        return group_multiple(self.recipe, device)
+
+    def forward(self, x, counts, aligned=False):
         counts = torch.as_tensor(counts, device=x.device).long()
         groups = self.weight.shape[0]
         if counts.shape != (groups,):
             raise ValueError(f"counts must hold one row count per group ({groups}), got shape "
                              f"{tuple(counts.shape)}")
-        # the sum is checked where it costs no host sync (counts on the CPU, eager)
-        if counts.device.type == "cpu" and not torch.compiler.is_compiling() and \
-                (int(counts.sum()) != x.shape[0] or bool((counts < 0).any())):
-            raise ValueError(f"counts {counts.tolist()} must be non-negative and sum to the rows "
-                             f"of x ({x.shape[0]}): x holds each group's rows, sorted by group")
-        return _apply(x, self.weight, counts, self._recipe_key, self.tag)
+        # the counts are checked where it costs no host sync (counts on the CPU, eager)
+        if counts.device.type == "cpu" and not torch.compiler.is_compiling():
+            if int(counts.sum()) != x.shape[0] or bool((counts < 0).any()):
+                raise ValueError(f"counts {counts.tolist()} must be non-negative and sum to the rows "
+                                 f"of x ({x.shape[0]}): x holds each group's rows, sorted by group")
+            m = self.group_multiple(x.device)
+            if aligned and bool((counts % m).any()):
+                raise ValueError(f"aligned=True needs counts that are multiples of {m} (zero rows "
+                                 f"after each group's real ones), got {counts.tolist()}; or pass "
+                                 f"aligned=False and the layer pads")
+        return _apply(x, self.weight, counts, self._recipe_key, self.tag, aligned=aligned)
 
     def extra_repr(self):
         g, o, i = self.weight.shape

@@ -189,10 +189,11 @@ class MoE(nn.Module):
             probs = probs / probs.sum(dim=-1, keepdim=True)
         return idx, gates / gates.sum(dim=-1, keepdim=True), logits, probs
 
-    def experts(self, x_sorted, counts):
+    def experts(self, x_sorted, counts, aligned=False):
         """The expert MLPs on rows sorted by expert; counts [E] stays on the device (no host sync:
-        fp4.GroupedLinear runs each linear as one torch._grouped_mm)."""
-        return self.w_down(activate(self.w_in(x_sorted, counts), self.kind), counts)
+        fp4.GroupedLinear runs each linear as one torch._grouped_mm). aligned: as GroupedLinear's."""
+        h = activate(self.w_in(x_sorted, counts, aligned), self.kind)
+        return self.w_down(h, counts, aligned)
 
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
@@ -201,12 +202,24 @@ class MoE(nn.Module):
         # sort the N*k (token, expert) pairs by expert; stable keeps tokens in order inside a group
         flat = idx.flatten()
         order = flat.argsort(stable=True)
-        token = order // k
         # not bincount: its output size depends on the data, a graph break under torch.compile
         counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))
-        y = self.experts(x[token], counts)
-        y = y.float() * gates.flatten()[order, None]
-        out = torch.zeros(N, x.shape[1], dtype=torch.float32, device=x.device).index_add(0, token, y)
+        # each expert's rows start at a multiple of m, zero rows after its real ones: the expert
+        # linears then copy nothing to pad groups for their grouped GEMMs and Wgrad's blocks.
+        # Row `slot` of the sorted pair; a static row bound (no host sync); the last group takes
+        # the spare rows; pad rows gather token N (a zero row) and add into a dropped row N.
+        m = math.lcm(self.w_in.group_multiple(x.device), self.w_down.group_multiple(x.device))
+        padded = (counts + m - 1) // m * m
+        rows = (N * k + E * (m - 1) + m - 1) // m * m
+        padded = torch.cat((padded[:-1], rows - padded[:-1].sum(0, keepdim=True)))
+        group = flat[order]
+        slot = torch.arange(N * k, device=x.device) + (torch.cumsum(padded, 0) - padded
+                                                       - torch.cumsum(counts, 0) + counts)[group]
+        token = torch.full((rows,), N, dtype=order.dtype, device=x.device).index_copy(0, slot, order // k)
+        gate = gates.new_zeros(rows).index_copy(0, slot, gates.flatten()[order])
+        y = self.experts(torch.cat((x, x.new_zeros(1, x.shape[1])))[token], padded, aligned=True)
+        out = torch.zeros(N + 1, x.shape[1], dtype=torch.float32, device=x.device)
+        out = out.index_add(0, token, y.float() * gate[:, None])[:N]
         out = out.to(x.dtype)
         if self.shared is not None:
             out = out + self.shared(x)

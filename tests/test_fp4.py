@@ -657,6 +657,37 @@ def test_grouped_linear_equals_per_expert_linear():
     assert torch.allclose(y[:20], x[:20] @ g.weight[0].t()) and torch.allclose(y[20:], x[20:] @ g.weight[2].t())
 
 
+@pytest.mark.parametrize("name", ["ufp4", "mxfp4", "bf16"])
+def test_grouped_linear_aligned_groups_equal_padding_inside(name, monkeypatch):
+    """Rows laid out in whole group_multiple groups (zero rows after each group's real ones, the
+    last group taking the spare rows) give the same y, dx and dW as the layer padding compact
+    rows itself, and the layer then copies nothing to pad."""
+    torch.manual_seed(6)
+    r = fp4.make_recipe(name, sr_dy=False) if name != "bf16" else name  # no SR: rows may move
+    g = fp4.GroupedLinear(3, 64, 32, recipe=r)
+    m = g.group_multiple(torch.device("cpu"))
+    assert m == (1 if name == "bf16" else 32 if name == "mxfp4" else 16)
+    counts = [20, 0, 37]
+    x = torch.randn(57, 64, requires_grad=True)
+    dy = torch.randn(57, 32)
+    y = g(x, counts)
+    y.backward(dy)
+    dw, g.weight.grad = g.weight.grad, None
+    padded = [-(-c // m) * m for c in counts]
+    padded[-1] += m  # spare rows in the last group
+    rows = torch.cat([torch.arange(s, s + c) for s, c in zip([0, padded[0], padded[0] + padded[1]], counts)])
+    xa = torch.zeros(sum(padded), 64).index_copy(0, rows, x.detach()).requires_grad_()
+    dya = torch.zeros(sum(padded), 32).index_copy(0, rows, dy)
+    monkeypatch.setattr(torch.Tensor, "index_copy_", lambda *a: pytest.fail("aligned rows were padded"))
+    ya = g(xa, padded, aligned=True)
+    ya.backward(dya)
+    assert torch.equal(ya[rows], y) and torch.equal(xa.grad[rows], x.grad)
+    torch.testing.assert_close(g.weight.grad, dw, rtol=1e-6, atol=1e-6)  # (more zero rows: other sums)
+    if m > 1:
+        with pytest.raises(ValueError, match=f"multiples of {m}"):
+            g(xa, [padded[0] + 1, padded[1], padded[2] - 1], aligned=True)
+
+
 def test_2d_tiles_on_expert_weights_match_per_matrix():
     w = torch.randn(3, 32, 48)
     fmt = fp4.replace(fp4.FORMATS["nvfp4"], block_2d=True)
@@ -1195,10 +1226,10 @@ def test_linear_op_fake_matches_real(name, fp8):
     recipe = fp4.make_recipe(name, **fp8)
     key = fp4.recipe_key(recipe)
     x, w = torch.randn(64, 96), torch.randn(128, 96)
-    real = fp4._linear_op(x, w, None, key, torch.float32, "", True, [])
+    real = fp4._linear_op(x, w, None, key, torch.float32, "", True, [], False)
     with FakeTensorMode() as mode:
         fake = fp4._linear_op(mode.from_tensor(x), mode.from_tensor(w), None, key, torch.float32, "",
-                              True, [])
+                              True, [], False)
     assert [(t.shape, t.stride(), t.dtype) for t in fake] == [(t.shape, t.stride(), t.dtype) for t in real]
     if recipe.fp8_wgrad_x == "fp8":
         assert real[2].dtype == fp4.E4M3 and real[2].shape == (96, 64)

@@ -472,6 +472,37 @@ def per_format(sz):
         check(f"{name}: col packed+dequant {sz.big}", lambda: check_quant(xb, fmt, 0, None, fake=False))
 
 
+def grouped_aligned(name):
+    """GroupedLinear on rows laid out in whole group_multiple groups (aligned=True, as model.MoE
+    lays them out) == the same layer padding compact rows itself: y and dx bit for bit, dW to
+    the bf16 rounding of the grouped GEMM's output. Under bf16 autocast, as in training."""
+    r = fp4.make_recipe(name, sr_dy=False)  # no SR: rows move between the two layouts
+    g = fp4.GroupedLinear(8, 768, 1536, recipe=r).to(DEV)
+    m = g.group_multiple(torch.device(DEV))
+    counts = [1000, 0, 517, 2048, 33, 1200, 700, 694]
+    x = randn(sum(counts), 768, seed=9, dtype=torch.float32).requires_grad_()
+    dy = randn(sum(counts), 1536, seed=10)
+    padded = [-(-c // m) * m for c in counts]
+    padded[-1] += 2 * m  # the last group takes the spare rows, as in model.MoE
+    rows = torch.cat([torch.arange(s, s + c) for s, c in
+                      zip(torch.tensor([0] + padded[:-1]).cumsum(0).tolist(), counts)]).to(DEV)
+    xa = torch.zeros(sum(padded), 768, device=DEV).index_copy(0, rows, x.detach()).requires_grad_()
+    dya = torch.zeros(sum(padded), 1536, device=DEV, dtype=dy.dtype).index_copy(0, rows, dy)
+    outs = []
+    for inp, cnt, grad, aligned in ((x, counts, dy, False), (xa, padded, dya, True)):
+        g.weight.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = g(inp, torch.tensor(cnt, device=DEV), aligned=aligned)
+        y.backward(grad)
+        outs.append((y, inp.grad, g.weight.grad))
+    (y, dx, dw), (ya, dxa, dwa) = outs
+    same(ya[rows], y, f"{name} aligned y")
+    same(dxa[rows], dx, f"{name} aligned dx")
+    err = ((dwa - dw).norm() / dw.norm()).item()
+    assert err < 4e-3, f"{name} aligned dW: relative difference {err:.1e}"
+    print(f"      {name} aligned dW: relative difference {err:.1e}")
+
+
 def run_all(sz):
     """Every check in a fixed order (--part counts on it)."""
     check("kernels vs the CPU reference (2048x4096)", vs_cpu)
@@ -509,6 +540,9 @@ def run_all(sz):
               lambda: fp8_cached_weight(sz, rn))
     check("FP4Linear mxint4 on FP8 GEMMs: Wgrad's x kept as FP8 == kept packed (bit for bit, SR)",
           lambda: fp8_wgrad_x_kept(sz, "mxint4"))
+    for rn in ("ufp4", "mxfp4"):
+        check(f"GroupedLinear {rn}: aligned groups == padding inside (y, dx bit for bit; dW)",
+              lambda: grouped_aligned(rn))
 
 
 def main():
