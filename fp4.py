@@ -793,9 +793,22 @@ def _wgrad_padding(recipe, n_rows, counts, device, aligned=False):
         multiple = _wgrad_block_rows(recipe)
         return multiple, n_rows + (-n_rows % multiple)
     multiple = group_multiple(recipe, device)
-    if aligned:
-        return multiple, n_rows
-    return multiple, (n_rows + counts.shape[0] * (multiple - 1) + multiple - 1) // multiple * multiple
+    return multiple, n_rows if aligned else _padded_bound(n_rows, counts.shape[0], multiple)
+
+def _padded_bound(n_rows, groups, multiple):
+    """The most rows n_rows rows in `groups` groups take, each group padded to `multiple`."""
+    return (n_rows + groups * (multiple - 1) + multiple - 1) // multiple * multiple
+
+def group_layout(counts, multiple, n_rows):
+    """Rows sorted by group (counts [E] summing to n_rows) laid out with each group followed by
+    zero rows up to a multiple of `multiple`, with no host sync: (padded counts [E], the new row
+    of each of the n_rows rows, the static bound on the rows the layout takes)."""
+    padded = (counts + multiple - 1) // multiple * multiple
+    shift = torch.cumsum(padded, 0) - padded - torch.cumsum(counts, 0) + counts  # per group
+    group = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
+                                    output_size=n_rows)
+    dest = torch.arange(n_rows, device=counts.device) + shift[group]
+    return padded, dest, _padded_bound(n_rows, counts.numel(), multiple)
 
 def _wgrad_rows(t, counts, recipe, aligned=False):
     """Wgrad's operand t [T, n] (x or dy) padded with zero rows to whole blocks: at the end
@@ -806,13 +819,8 @@ def _wgrad_rows(t, counts, recipe, aligned=False):
         return (F.pad(t, (0, 0, 0, length - t.shape[0])) if length > t.shape[0] else t), None
     if aligned:
         return t, _group_ends(counts)
-    padded = (counts + multiple - 1) // multiple * multiple
-    ends = torch.cumsum(padded, 0)
-    group = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
-                                    output_size=t.shape[0])
-    start = torch.cumsum(counts, 0) - counts
-    dest = torch.arange(t.shape[0], device=counts.device) - start[group] + (ends - padded)[group]
-    return t.new_zeros(length, t.shape[1]).index_copy_(0, dest, t), ends.to(torch.int32)
+    padded, dest, _ = group_layout(counts, multiple, t.shape[0])
+    return t.new_zeros(length, t.shape[1]).index_copy_(0, dest, t), _group_ends(padded)
 
 def _wgrad_dtype(x, dtype):
     return torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32

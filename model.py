@@ -206,15 +206,11 @@ class MoE(nn.Module):
         counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))
         # each expert's rows start at a multiple of m, zero rows after its real ones: the expert
         # linears then copy nothing to pad groups for their grouped GEMMs and Wgrad's blocks.
-        # Row `slot` of the sorted pair; a static row bound (no host sync); the last group takes
-        # the spare rows; pad rows gather token N (a zero row) and add into a dropped row N.
+        # Row `slot` of the sorted pair, within a static row bound; the last group takes the
+        # spare rows; pad rows gather token N (a zero row) and add into a dropped row N.
         m = math.lcm(self.w_in.group_multiple(x.device), self.w_down.group_multiple(x.device))
-        padded = (counts + m - 1) // m * m
-        rows = (N * k + E * (m - 1) + m - 1) // m * m
+        padded, slot, rows = fp4.group_layout(counts, m, N * k)
         padded = torch.cat((padded[:-1], rows - padded[:-1].sum(0, keepdim=True)))
-        group = flat[order]
-        slot = torch.arange(N * k, device=x.device) + (torch.cumsum(padded, 0) - padded
-                                                       - torch.cumsum(counts, 0) + counts)[group]
         token = torch.full((rows,), N, dtype=order.dtype, device=x.device).index_copy(0, slot, order // k)
         gate = gates.new_zeros(rows).index_copy(0, slot, gates.flatten()[order])
         y = self.experts(torch.cat((x, x.new_zeros(1, x.shape[1])))[token], padded, aligned=True)
