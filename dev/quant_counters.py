@@ -4,7 +4,7 @@ block, 16384 tokens, as the layer runs them), its time, instructions per element
 issue slots and the ALU and FMA pipes are, achieved occupancy, DRAM bandwidth and the top warp
 stall reasons. It says what bounds a kernel that runs below copy bandwidth: issue, one pipe
 (the ALU pipe runs integer, logic, min/max and select instructions at half the FMA pipe's
-rate), or latency (docs/performance.md).
+rate), or latency (docs/kernels.md, instruction counts).
 
     python dev/quant_counters.py [--recipes=mxfp4+recipe_fp8_gemm=True,ufp4] [--tokens=16384]
 
@@ -19,8 +19,10 @@ import datetime
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -155,21 +157,25 @@ def main(argv=None):
     recipes = args.recipes.split(",")
     if args.worker:
         return worker(recipes, args.tokens, args.worker)
-    log = os.path.abspath("quant_counters_labels.json")
-    cmd = [args.ncu, "--csv", "--page", "raw", "--clock-control", "none",
-           "--kernel-name", "regex:^(" + "|".join(KERNELS) + ")$",
-           "--metrics", ",".join(METRICS.values()),
-           sys.executable, os.path.abspath(__file__), f"--recipes={args.recipes}",
-           f"--tokens={args.tokens}", f"--worker={log}"]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0 or '"ID"' not in run.stdout:
-        raise SystemExit(f"quant_counters: ncu failed (exit {run.returncode}):\n{run.stdout[-3000:]}\n"
-                         f"{run.stderr[-3000:]}")
+    if shutil.which(args.ncu) is None:
+        raise SystemExit(f"quant_counters: {args.ncu!r} not found: install Nsight Compute (ncu) or "
+                         "pass --ncu=PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "labels.json")
+        cmd = [args.ncu, "--csv", "--page", "raw", "--clock-control", "none",
+               "--kernel-name", "regex:^(" + "|".join(KERNELS) + ")$",
+               "--metrics", ",".join(METRICS.values()),
+               sys.executable, os.path.abspath(__file__), f"--recipes={args.recipes}",
+               f"--tokens={args.tokens}", f"--worker={log}"]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0 or '"ID"' not in run.stdout:
+            raise SystemExit(f"quant_counters: ncu failed (exit {run.returncode}):\n{run.stdout[-3000:]}\n"
+                             f"{run.stderr[-3000:]}")
+        with open(log) as f:
+            labels = json.load(f)
     if args.raw:
         with open(args.raw, "w") as f:
             f.write(run.stdout)
-    with open(log) as f:
-        labels = json.load(f)
     import torch
     import triton
     print(f"`python dev/quant_counters.py {' '.join(argv if argv is not None else sys.argv[1:])}` on "
@@ -178,7 +184,6 @@ def main(argv=None):
           f"ncu {ncu_version(args.ncu)}; "
           f"{args.tokens} tokens")
     print(table(labels, parse_ncu_csv(run.stdout)))
-    os.unlink(log)
 
 
 if __name__ == "__main__":
