@@ -27,7 +27,6 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 CONFIG = "configs/gpu/gpt2_small_bf16.py"
-SHAPES = {"qkv": (768, 2304), "proj": (768, 768), "fc": (768, 3072), "fc2": (3072, 768)}
 KERNELS = ("_quant_kernel", "_flat_amax_kernel", "_amax_kernel", "_dequant_kernel")
 STALLS = ("not_selected", "math_pipe_throttle", "long_scoreboard", "short_scoreboard", "wait",
           "barrier", "lg_throttle", "mio_throttle", "no_instruction", "dispatch_stall")
@@ -81,13 +80,12 @@ def _run_layers(recipes, tokens, where, names):
     import torch
     import fp4
     import train
-    from model import GPT
+    from quant_breakdown import KEEPS_X, SHAPES  # the layer shapes, and which keep x
 
-    keeps = {name.rsplit(".", 1)[-1] for name in GPT.fp4_keep_x}
     for spec in recipes:
         recipe = train.recipe_from_spec(CONFIG, spec)
         for layer, (n_in, n_out) in SHAPES.items():
-            lin = fp4.FP4Linear(n_in, n_out, bias=False, recipe=recipe, pack_x=layer not in keeps).cuda()
+            lin = fp4.FP4Linear(n_in, n_out, bias=False, recipe=recipe, pack_x=layer not in KEEPS_X).cuda()
             where.update(recipe=spec, layer=layer, phase="weight cache")
             lin.cache_weight()  # as train.py: FP8 weights once per optimizer step, not per call
             x = torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
