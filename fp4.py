@@ -838,11 +838,11 @@ def _packs_wgrad_x(recipe, pack_x):
     return bool(pack_x and recipe.wgrad.fmt)
 
 def _uses_fp8(recipe, counts, device):
-    """The GEMM path: FP8 GEMMs (torch._scaled_mm) when the recipe allows it, all three GEMMs
-    quantize to power-of-two (e8m0) block scales and the device has FP8 GEMMs (the CPU, or a GPU
-    of compute capability 8.9+), for the dense layer (the grouped experts keep the bf16 path);
+    """The GEMM path: FP8 GEMMs (torch._scaled_mm for the dense layer, fp8_grouped_mm for the
+    grouped experts) when the recipe allows it, all three GEMMs quantize to power-of-two (e8m0)
+    block scales and the device has FP8 GEMMs (the CPU, or a GPU of compute capability 8.9+);
     else bf16 GEMMs on fake-quantized operands."""
-    return (recipe.fp8_gemm and counts is None and fp8_capable(recipe)
+    return (recipe.fp8_gemm and fp8_capable(recipe)
             and (device.type == "cpu" or _has_fp8_gemm(device)))
 
 def fp8_capable(recipe):
@@ -863,16 +863,30 @@ def _fp8_mm(a, b, out_dtype, fast=False):
                            out_dtype=torch.float32 if out_dtype == torch.float64 else out_dtype)
     return out.to(out_dtype)  # (fp64 inputs: CUDA's FP8 GEMM writes at most fp32)
 
+def fp8_grouped_mm(a, b, offs, out_dtype, fast=False):
+    """_grouped_mm for FP8 operands (values, fp32 tensor scale), in its two forms: a [N, K] with
+    row groups ending at offs, b [E, K, M] -> [N, M]; a [M, T], b [T, N] with groups along T ->
+    [E, M, N]. Each operand's reduced dim is contiguous (to_fp8's layout). The exact products of
+    the operands' values summed in fp32; kernels.fp8_grouped_mm on the GPU (the MoE experts have
+    no FP8 grouped GEMM in torch that pays: docs/kernels.md), where fast is the tensor cores' own
+    accumulation as in _fp8_mm, else promoted to fp32 every 128 products."""
+    kernels = kernels_for(a[0])
+    if kernels:
+        return kernels.fp8_grouped_mm(a, b, offs, out_dtype, fast)
+    return _grouped_mm(a[0].float() * a[1], b[0].float() * b[1], offs, out_dtype)
+
 def _t(q):
-    """A GEMM operand transposed: a tensor, or FP8 (values, tensor scale)."""
-    return (q[0].t(), q[1]) if isinstance(q, tuple) else q.transpose(-1, -2)
+    """A GEMM operand (2D, or a 3D stack of experts' weights) with its last two dims swapped: a
+    tensor, or FP8 (values, tensor scale)."""
+    return (q[0].transpose(-1, -2), q[1]) if isinstance(q, tuple) else q.transpose(-1, -2)
 
 def _gemm(a, b, offs, dtype, fp32=False, fast=False):
-    """a @ b for the layer: FP8 operands (values, scale) on the FP8 tensor cores (_fp8_mm, dense
-    only; fast: its fast accumulation), else _mm (per expert group where offs); fp32: an fp32
-    result (Wgrad)."""
+    """a @ b for the layer: FP8 operands (values, scale) on the FP8 tensor cores (_fp8_mm, or
+    fp8_grouped_mm per expert group where offs; fast: their fast accumulation), else _mm;
+    fp32: an fp32 result (Wgrad)."""
     if isinstance(a, tuple):
-        return _fp8_mm(a, b, torch.float32 if fp32 else dtype, fast)
+        out = torch.float32 if fp32 else dtype
+        return _fp8_mm(a, b, out, fast) if offs is None else fp8_grouped_mm(a, b, offs, out, fast)
     return _mm(a, b, offs, fp32)
 
 def _wgrad_x_fp8(recipe, fp8):

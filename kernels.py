@@ -16,6 +16,7 @@ available, backend not 'torch'); this file imports fp4.py, which imports it back
   fp8_from_packed(q, fp8)                              -> a packed operand with e8m0 scales as
                                                           (FP8 values, power-of-two tensor scale)
   fp4_matmul(qa, qb, dtype)                            -> a @ b^T from packed operands
+  fp8_grouped_mm(a, b, offs, out_dtype, fast)          -> per-expert products of FP8 operands
   set_sr_bits(bits), philox_rounds(n)                  -> SR's random bits per draw (8 or 16);
                                                           Philox rounds (a context, benchmarks)
 
@@ -24,14 +25,17 @@ through cuBLAS: each operand is quantized and dequantized in one fused kernel (f
 quantize_both), then torch.mm / torch._grouped_mm multiply; Wgrad's x is kept packed between
 forward and backward (quantize, then dequantize). Formats with power-of-two block scales write
 exact FP8 instead (to_fp8, quantize_both(fp8=...)) for torch._scaled_mm; Wgrad's x stays packed
-there too and becomes FP8 in backward (fp8_from_packed). fp4_matmul, the packed GEMM that dequantizes
-in its main loop, is not on the training path: Hopper has no FP4 tensor cores, so the dequantize
-competes with the bf16 MMA for the same SMs and the GEMM reaches about 0.5x cuBLAS. It would pay
-on hardware with native block-scaled FP4 MMA (which takes codes and scales as they are), or where
-a GEMM is memory-bound (small batches: 4-bit operands move a quarter of bf16's bytes).
+there too and becomes FP8 in backward (fp8_from_packed); the MoE experts' three GEMMs run on
+fp8_grouped_mm (torch's grouped FP8 GEMM runs slower than its bf16 one at their shapes).
+fp4_matmul, the packed GEMM that dequantizes in its main loop, is not on the training path:
+Hopper has no FP4 tensor cores, so the dequantize competes with the bf16 MMA for the same SMs
+and the GEMM reaches about 0.5x cuBLAS. It would pay on hardware with native block-scaled FP4
+MMA (which takes codes and scales as they are), or where a GEMM is memory-bound (small batches:
+4-bit operands move a quarter of bf16's bytes).
 docs/kernels.md has the measurements.
 
-Sections: 1. device helpers, 2. host helpers, 3. quantize, 4. dequantize, 5. the packed GEMM.
+Sections: 1. device helpers, 2. host helpers, 3. quantize, 4. dequantize, 5. the packed GEMM,
+6. the grouped FP8 GEMM.
 How a tile is quantized (_quant_tile, one per program): load [R, C] -> optional RHT butterfly in
 the reference's add order -> block amax (NaN/Inf flagged: Triton's max may drop NaN) -> block
 scale (fp32 / e4m3 by explicit bit rounding / e8m0 from the exponent bits) -> x / scale (exact
@@ -1686,3 +1690,140 @@ def fp4_matmul(qa, qb, dtype=None, _cfg=None):
                          c, M, N, K, BM=BM, BN=BN, BK=BK, GROUP_M=GM, DOT_FP32=INTERPRET,
                          TMA=descs is not None, num_warps=nw, num_stages=ns, **meta)
     return c if c.dtype == out_dtype else c.to(out_dtype)
+
+
+# -----------------------------------------------------------------------------
+# 6. Grouped FP8 GEMM (fp4.fp8_grouped_mm): the MoE experts' three GEMMs on FP8 operands
+
+@triton.jit
+def _row_tile_group(offs_ptr, t, E: tl.constexpr, BM: tl.constexpr):
+    """Row tile t of rows sorted into E groups (group g ends at offs[g]), counted group by group,
+    each group's tiles from its first row: (g, the tile's first row, the group's end row); g is
+    E for a tile past the last group's."""
+    g_t, r0, end, start, first = E, 0, 0, 0, 0
+    for g in tl.static_range(E):
+        stop = tl.load(offs_ptr + g)
+        tiles = (stop - start + BM - 1) // BM
+        hit = (t >= first) & (t < first + tiles)
+        g_t = tl.where(hit, g, g_t)
+        r0 = tl.where(hit, start + (t - first) * BM, r0)
+        end = tl.where(hit, stop, end)
+        first += tiles
+        start = stop
+    return g_t, r0, end
+
+
+@triton.jit
+def _fp8_dot(a, b, acc, PROMOTE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """acc + a @ b^T: in the tensor cores' own accumulation (PROMOTE 0: fast), else promoted to
+    fp32 every PROMOTE elements of K; DOT_FP32: fp32 inputs for the interpreter (FP8 values are
+    exact in fp32)."""
+    if DOT_FP32:
+        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
+    if PROMOTE == 0:
+        return tl.dot(a, tl.trans(b), acc)
+    if PROMOTE < 0:
+        return acc + tl.dot(a, tl.trans(b))
+    return tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=PROMOTE)
+
+
+@triton.jit
+def _grouped_fp8_rows_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, c_ptr, N, M, K,
+                             E: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                             PROMOTE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Row groups (Fprop, Dgrad): c[rows of g] = a[rows of g] @ b[g]^T * sa * sb, a [N, K] and
+    b [E, M, K] with K contiguous, c [N, M]. One program per (row tile of a group, column tile);
+    rows past a group's end are masked (they belong to the next group)."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(M, BN)
+    g, r0, end = _row_tile_group(offs_ptr, pid // num_n, E, BM)
+    if g >= E:
+        return
+    rows = r0 + tl.arange(0, BM)
+    cols = (pid % num_n) * BN + tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    rok, cok = rows < end, cols < M
+    a_p = a_ptr + rows[:, None].to(tl.int64) * K + ks[None, :]
+    b_p = b_ptr + g.to(tl.int64) * M * K + cols[:, None].to(tl.int64) * K + ks[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kok = (k0 + ks) < K
+        a = tl.load(a_p + k0, mask=rok[:, None] & kok[None, :], other=0.0)
+        b = tl.load(b_p + k0, mask=cok[:, None] & kok[None, :], other=0.0)
+        acc = _fp8_dot(a, b, acc, PROMOTE, DOT_FP32)
+    acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    off = rows[:, None].to(tl.int64) * M + cols[None, :]
+    tl.store(c_ptr + off, acc.to(c_ptr.dtype.element_ty), mask=rok[:, None] & cok[None, :])
+
+
+@triton.jit
+def _grouped_fp8_k_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, c_ptr, M, N, T,
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                          PROMOTE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Groups along K (Wgrad): c[g] = a[:, K of g] @ b[:, K of g]^T * sa * sb, a [M, T] and
+    b [N, T] with T contiguous, c [E, M, N]. One program per (output tile, group); a group's
+    last K step masks the next group's columns; an empty group writes zeros."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    num_n = tl.cdiv(N, BN)
+    rows = (pid // num_n) * BM + tl.arange(0, BM)
+    cols = (pid % num_n) * BN + tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    start = tl.multiple_of(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 16)
+    end = tl.multiple_of(tl.load(offs_ptr + g), 16)  # (16 elements a mask bit: vector loads)
+    rok, cok = rows < M, cols < N
+    a_p = a_ptr + rows[:, None].to(tl.int64) * T + ks[None, :]
+    b_p = b_ptr + cols[:, None].to(tl.int64) * T + ks[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(start, end, BK):
+        kok = (k0 + ks) < end
+        a = tl.load(a_p + k0, mask=rok[:, None] & kok[None, :], other=0.0)
+        b = tl.load(b_p + k0, mask=cok[:, None] & kok[None, :], other=0.0)
+        acc = _fp8_dot(a, b, acc, PROMOTE, DOT_FP32)
+    acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    off = g.to(tl.int64) * M * N + rows[:, None].to(tl.int64) * N + cols[None, :]
+    tl.store(c_ptr + off, acc.to(c_ptr.dtype.element_ty), mask=rok[:, None] & cok[None, :])
+
+
+def _grouped_fp8_config(rows_mode):
+    """(BM, BN, BK, num_warps, num_stages, the exact mode's promotion interval along K): the
+    fastest of a sweep at the MoE experts' shapes (docs/kernels.md, the grouped FP8 GEMM)."""
+    if INTERPRET:
+        return 16, 16, 32, 4, 1, 32
+    return (128, 128, 128, 8, 3, 128) if rows_mode else (128, 128, 128, 4, 3, 128)
+
+
+def fp8_grouped_mm(a, b, offs, out_dtype, fast=False, _cfg=None):
+    """fp4.fp8_grouped_mm: per-group products of FP8 operands (values, fp32 scale). a [N, K]
+    (K contiguous) with row groups ending at offs, b [E, K, M] (each group's K contiguous) ->
+    [N, M]; or a [M, T] (T contiguous), b [T, N] (T contiguous) with groups along T -> [E, M, N],
+    whose group ends must be multiples of 16 (the kernel loads 16 tokens at a time;
+    fp4.group_multiple makes them so). Products accumulate in the tensor cores' fast
+    accumulation where fast, else promoted to fp32 every 128 along K. The offsets stay on the
+    device: no host sync, a fixed grid (CUDA graphs)."""
+    (av, sa), (bv, sb) = a, b
+    rows_mode = bv.dim() == 3
+    BM, BN, BK, nw, ns, promote = _cfg or _grouped_fp8_config(rows_mode)
+    kdtype = torch.float32 if INTERPRET else out_dtype
+    offs = offs.to(torch.int32)
+    meta = dict(BM=BM, BN=BN, BK=BK, PROMOTE=0 if fast else promote, DOT_FP32=INTERPRET, num_warps=nw, num_stages=ns)
+    if rows_mode:
+        E, K, M = bv.shape
+        N = av.shape[0]
+        bt = bv.transpose(1, 2)
+        if av.stride() != (K, 1) or not bt.is_contiguous():
+            raise ValueError("fp8_grouped_mm: a [N, K] and each group of b [E, K, M] need K contiguous")
+        c = torch.empty(N, M, device=av.device, dtype=kdtype)
+        if c.numel() and E:
+            grid = ((_cdiv(N, BM) + E) * _cdiv(M, BN), 1, 1)
+            _launch(_grouped_fp8_rows_kernel, grid, (av, bt, sa, sb, offs, c, N, M, K), dict(E=E, **meta))
+    else:
+        M, T = av.shape
+        N = bv.shape[1]
+        bt, E = bv.t(), offs.shape[0]
+        if av.stride() != (T, 1) or bt.stride() != (T, 1):
+            raise ValueError("fp8_grouped_mm: a [M, T] and b [T, N] need T contiguous")
+        c = torch.empty(E, M, N, device=av.device, dtype=kdtype)
+        if c.numel():
+            grid = (_cdiv(M, BM) * _cdiv(N, BN), E, 1)
+            _launch(_grouped_fp8_k_kernel, grid, (av, bt, sa, sb, offs, c, M, N, T), meta)
+    return c.to(out_dtype)

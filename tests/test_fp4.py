@@ -1129,7 +1129,7 @@ def test_uses_fp8_dispatch():
         with pytest.raises(ValueError, match="fp8_gemm=True needs power-of-two"):
             fp4.make_recipe(name, fp8_gemm=True, **kw)
     assert not fp4._uses_fp8(fp4.make_recipe("mxfp4"), None, CPU)  # opt-in
-    assert not fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=True), torch.tensor([3, 5]), CPU)  # experts
+    assert fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=True), torch.tensor([3, 5]), CPU)  # experts
 
 
 @pytest.mark.parametrize("name,tokens,train_w", [("mxfp4", 64, True), ("mxint4", 64, True),
@@ -1155,6 +1155,30 @@ def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):
     packed = fp4.FP4Linear(96, 128, bias=False, recipe=name)
     for layer in (lin, packed):  # codes, bf16 block scales (e8m0 values), SR seeds
         assert fp4.saved_bytes(layer, torch.randn(64, 96)) == 64 * 96 // 2 + 64 // 32 * 96 * 2 + 6 * 8
+
+
+@pytest.mark.parametrize("name,aligned", [("mxint4", False), ("mxfp4", False), ("mxint4", True)])
+def test_fp8_gemm_experts_equal_the_bf16_gemm_experts(name, aligned, monkeypatch):
+    """GroupedLinear on FP8 GEMMs (fp8_grouped_mm) == on bf16 GEMMs over the same operands, fp32
+    products on the CPU: y, dx and dW bit for bit, groups padded by the layer (an empty one among
+    them) or laid out aligned; the experts' weights go through to_fp8 as one 3D tensor."""
+    counts = torch.tensor([32, 0, 64] if aligned else [7, 0, 33])
+    x = torch.randn(int(counts.sum()), 96)
+    dy = torch.randn(int(counts.sum()), 64)
+    calls, real = [], fp4.fp8_grouped_mm
+    monkeypatch.setattr(fp4, "fp8_grouped_mm", lambda *a, **k: calls.append(a[0][0].dtype) or real(*a, **k))
+    outs = []
+    for on in (True, False):
+        torch.manual_seed(1)
+        layer = fp4.GroupedLinear(3, 96, 64, recipe=fp4.make_recipe(name, fp8_gemm=on))
+        xi = x.clone().requires_grad_(True)
+        y = layer(xi, counts, aligned=aligned)
+        y.backward(dy)
+        outs.append((y.detach(), xi.grad, layer.weight.grad))
+    for a, b, nm in zip(*outs, ("y", "dx", "dW")):
+        assert torch.equal(a, b), nm
+    assert not outs[0][2][1].any()  # the empty group's weight gets no gradient
+    assert calls == [fp4.E4M3, fp4.E5M2, fp4.E5M2]  # Fprop, Dgrad, Wgrad: only the FP8 layer
 
 
 def test_cache_weights_equals_quantizing_per_call():

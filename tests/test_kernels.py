@@ -1082,6 +1082,62 @@ def test_every_launch_has_a_three_dimensional_grid(monkeypatch):
     assert all(len(g) == 3 for _, g in grids), {k.fn.__name__: g for k, g in grids if len(g) != 3}
 
 
+def _fp8_grid_values(shape, fp8, seed):
+    """FP8 values q * 2^e (q an int in -7..7, e in -2..2): every fp32 sum of their products is
+    exact, so any summation order gives the same bits."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-7, 8, shape, generator=g).float()
+    return (q * 2.0 ** torch.randint(-2, 3, shape, generator=g).float()).to(fp8)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_fp8_grouped_mm_matches_reference(fast):
+    """kernels.fp8_grouped_mm == fp4.fp8_grouped_mm (the exact products in fp32) bit for bit, in
+    both forms: row groups (Fprop, Dgrad: a row tile spans two groups; an empty group; a last
+    tile past the rows) into bf16, and groups along K (Wgrad: K steps cut by group ends, an empty
+    group written as zeros) into fp32; e5m2 x e4m3 operands, the scales applied once."""
+    counts = torch.tensor([16, 0, 48, 32, 16])  # multiples of 16 along K, as group_multiple makes them
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    T = int(counts.sum())
+    sa, sb = torch.tensor(2.0 ** -3), torch.tensor(2.0 ** 5)
+    a = (_fp8_grid_values((T, 64), fp4.E5M2, 1), sa)
+    b = (_fp8_grid_values((5, 48, 64), fp4.E4M3, 2).transpose(1, 2), sb)  # [E, K, M], K contiguous
+    row_offs = torch.cumsum(torch.tensor([5, 0, 21, 50, 36]), 0).to(torch.int32)  # any row counts
+    got = kernels.fp8_grouped_mm(a, b, row_offs, torch.bfloat16, fast=fast)
+    want = fp4.fp8_grouped_mm(a, b, row_offs, torch.bfloat16)
+    assert got.shape == (T, 48) and got.dtype == torch.bfloat16
+    assert_same(got, want, "row groups")
+    at = (_fp8_grid_values((40, T), fp4.E5M2, 3), sa)
+    bt = (_fp8_grid_values((24, T), fp4.E4M3, 4).t(), sb)  # [T, N], T contiguous
+    got = kernels.fp8_grouped_mm(at, bt, offs, torch.float32, fast=fast)
+    want = fp4.fp8_grouped_mm(at, bt, offs, torch.float32)
+    assert got.shape == (5, 40, 24) and not got[1].any()
+    assert_same(got, want, "groups along K")
+    with pytest.raises(ValueError, match="K contiguous"):
+        kernels.fp8_grouped_mm(a, (b[0].contiguous(), sb), row_offs, torch.bfloat16)
+    with pytest.raises(ValueError, match="T contiguous"):
+        kernels.fp8_grouped_mm(at, (bt[0].contiguous(), sb), offs, torch.float32)
+
+
+def test_fp8_experts_through_kernels(monkeypatch):
+    """GroupedLinear's three GEMMs on FP8 operands through kernels.py (the quantize kernels and
+    the grouped FP8 GEMM) == the torch reference: y, dx, dW to fp32 summation order, with
+    unaligned groups (the layer pads Wgrad's) and aligned ones; the FP8 GEMM runs three times a
+    call."""
+    r = fp4.make_recipe("mxint4", fp8_gemm=True, sr_dy=False)
+    calls = []
+    real = kernels.fp8_grouped_mm
+    monkeypatch.setattr(kernels, "fp8_grouped_mm", lambda *a, **k: calls.append(a[0][0].dtype) or real(*a, **k))
+    for counts in (torch.tensor([7, 0, 33]), torch.tensor([32, 0, 64])):
+        want = _layer_grads(r, counts, tokens=int(counts.sum()))
+        with monkeypatch.context() as m:
+            m.setattr(fp4, "kernels_for", lambda t: kernels)
+            got = _layer_grads(r, counts, tokens=int(counts.sum()))
+        for a, b, nm in zip(got, want, ("y", "dx", "dW")):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item(), msg=nm)
+    assert calls == [fp4.E4M3, fp4.E5M2, fp4.E5M2] * 2  # Fprop's x, Dgrad's dy, Wgrad's dy^T
+
+
 def test_quantize_both_rejects_a_side_both_packed_and_fp8():
     for mod in (kernels, fp4):
         with pytest.raises(ValueError, match="packed or FP8"):

@@ -2,7 +2,7 @@
 on the same GPU, bit for bit (RTNE); SR statistics; fp4_matmul vs fake quant + mm; FP4Linear
 with backend triton vs backend torch (y, dx, dW); the FP8 operands bit for bit, the FP8 GEMM
 against the exact product, the layer on FP8 GEMMs, with its weight cached and with Wgrad's x
-kept as FP8.
+kept as FP8; the grouped FP8 GEMM against the exact product and the experts on it.
 
     python tests/gpu/check_kernels.py [--quick] [--only=fp8] [--part=k/n]
 
@@ -460,6 +460,64 @@ def fp8_wgrad_x_kept(sz, recipe_name):
         same(u, v, f"{recipe_name} {nm}")
 
 
+EXPERT_COUNTS = [1024, 0, 512, 2048, 32, 1216, 704, 736]  # multiples of 32, an empty group
+
+
+def _group_products(a, b, offs, rows_form):
+    """The exact per-group products of FP8 operands (values, scale), in fp64."""
+    ends = offs.tolist()
+    spans = list(zip([0] + ends[:-1], ends))
+    av, bv = (v.double() * s.double() for v, s in (a, b))
+    if rows_form:
+        return torch.cat([av[s:t] @ bv[g] for g, (s, t) in enumerate(spans)])
+    return torch.stack([av[:, s:t] @ bv[s:t] for s, t in spans])
+
+
+def fp8_grouped_gemm():
+    """kernels.fp8_grouped_mm at the MoE experts' shapes (8 experts, 768 -> 1536) on mxint4 and
+    mxfp4 operands made by to_fp8, against the exact product of its operands: row groups (Fprop's
+    x @ W^T) into bf16, groups along the tokens (Wgrad's dy^T x, e5m2 x e4m3) into fp32, in fast
+    and in promoted accumulation."""
+    offs = torch.tensor(EXPERT_COUNTS, device=DEV).cumsum(0).to(torch.int32)
+    T = sum(EXPERT_COUNTS)
+    x, dy = randn(T, 768, seed=31), randn(T, 1536, seed=32)
+    w = randn(8, 1536, 768, seed=33) * 0.02
+    for name in ("mxint4", "mxfp4"):
+        xr, xc = fp4.to_fp8(x, name, dim=-1), fp4.to_fp8(x, name, dim=0)
+        dyc = fp4.to_fp8(dy, name, dim=0, fp8=fp4.E5M2)
+        wq = fp4.to_fp8(w, name, dim=-1)
+        for what, a, b, out, rows in (("Fprop", xr, fp4._t(wq), torch.bfloat16, True),
+                                      ("Wgrad", fp4._t(dyc), xc, torch.float32, False)):
+            exact = _group_products(a, b, offs, rows)
+            for fast in (False, True):
+                got = fp4.fp8_grouped_mm(a, b, offs, out, fast=fast)
+                rel = ((got.double() - exact).norm() / exact.norm()).item()
+                print(f"      {name} grouped {what}, fast accumulation {fast}: relative error {rel:.2e}")
+                bound = 4e-3 if out == torch.bfloat16 else 5e-3 if fast else 5e-4
+                assert rel < bound, f"{name} {what} fast={fast}: relative error {rel:.2e}"
+
+
+def fp8_grouped_layer(recipe_name):
+    """GroupedLinear (8 experts, 768 -> 1536, rows aligned as model.MoE lays them out) on FP8
+    GEMMs == on bf16 GEMMs, to bf16 rounding: y, dx, dW, under bf16 autocast as in training."""
+    counts = torch.tensor(EXPERT_COUNTS, device=DEV)
+    outs = []
+    for on in (True, False):
+        recipe = fp4.make_recipe(recipe_name, sr_dy=False, fp8_gemm=on)
+        assert fp4._uses_fp8(recipe, counts, torch.device(DEV)) == on
+        torch.manual_seed(0)
+        g = fp4.GroupedLinear(8, 768, 1536, recipe=recipe).to(DEV)
+        xi = (randn(sum(EXPERT_COUNTS), 768, seed=34, dtype=torch.float32)).requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = g(xi, counts, aligned=True)
+        y.backward(randn(*y.shape, seed=35).to(y.dtype))
+        outs.append((y.detach().float(), xi.grad.float(), g.weight.grad.float()))
+    for nm, a, b in zip(("y", "dx", "dW"), *outs):
+        rel = ((a - b).norm() / b.norm()).item()
+        print(f"      {recipe_name} experts {nm}: FP8 vs bf16 GEMMs relative difference {rel:.2e}")
+        assert rel < 5e-3, f"{recipe_name} experts {nm}: FP8 vs bf16 GEMMs relative difference {rel:.2e}"
+
+
 def per_format(sz):
     """Each format, row and column, fake quant with RHT16 and packed + dequantize."""
     xb = randn(*sz.big, seed=1, specials=True)
@@ -543,6 +601,10 @@ def run_all(sz):
     for rn in ("ufp4", "mxfp4"):
         check(f"GroupedLinear {rn}: aligned groups == padding inside (y, dx bit for bit; dW)",
               lambda: grouped_aligned(rn))
+    check("grouped FP8 GEMM vs the exact product of its operands (experts' shapes)", fp8_grouped_gemm)
+    for rn in ("mxfp4", "mxint4"):
+        check(f"GroupedLinear {rn} on FP8 GEMMs == on bf16 GEMMs (to bf16 rounding), no SR",
+              lambda: fp8_grouped_layer(rn))
 
 
 def main():
