@@ -6,10 +6,9 @@ A recipe may carry train.py overrides after '+', as in bench.py: mxfp4+recipe_fp
 
 Builds the config's model (random tokens, no data needed), runs warm-up steps, then profiles 3
 forward+backward+AdamW steps with torch.profiler and sums the CUDA kernel time per category:
-GEMM (cuBLAS/CUTLASS/grouped mm, the packed FP4 GEMM), attention (cuDNN/flash SDPA), quantize
-(kernels.py's Triton quantizers, dequantize), and other (norms, optimizer, inductor's fused
-kernels...). Prints a table per recipe and
-the top kernels."""
+GEMM (cuBLAS/CUTLASS/grouped mm, the packed FP4 GEMM, the grouped FP8 GEMM), attention
+(cuDNN/flash SDPA), quantize (kernels.py's Triton quantizers, amax passes, dequantize), and other
+(norms, optimizer, inductor's fused kernels...). Prints a table per recipe and the top kernels."""
 import argparse
 import datetime
 import json
@@ -25,7 +24,7 @@ import fp4  # noqa: E402
 import train  # noqa: E402
 from model import GPT  # noqa: E402
 
-GEMM = ("gemm", "cutlass", "nvjet", "xmma", "grouped_mm", "cublas", "_fp4_mm_kernel")
+GEMM = ("gemm", "cutlass", "nvjet", "xmma", "grouped_mm", "cublas", "_fp4_mm_kernel", "_grouped_fp8_")
 ATTENTION = ("sdpa", "flash", "fmha", "attention")
 QUANT = ("_quant_kernel", "_amax_kernel", "_dequant_kernel")
 
