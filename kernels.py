@@ -1722,8 +1722,6 @@ def _fp8_dot(a, b, acc, PROMOTE: tl.constexpr, DOT_FP32: tl.constexpr):
         return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
     if PROMOTE == 0:
         return tl.dot(a, tl.trans(b), acc)
-    if PROMOTE < 0:
-        return acc + tl.dot(a, tl.trans(b))
     return tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=PROMOTE)
 
 
@@ -1768,8 +1766,9 @@ def _grouped_fp8_k_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, c_ptr, M, N, T
     rows = (pid // num_n) * BM + tl.arange(0, BM)
     cols = (pid % num_n) * BN + tl.arange(0, BN)
     ks = tl.arange(0, BK)
+    # group ends are multiples of 16: said so, the masked loads stay 16-byte vectors
     start = tl.multiple_of(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 16)
-    end = tl.multiple_of(tl.load(offs_ptr + g), 16)  # (16 elements a mask bit: vector loads)
+    end = tl.multiple_of(tl.load(offs_ptr + g), 16)
     rok, cok = rows < M, cols < N
     a_p = a_ptr + rows[:, None].to(tl.int64) * T + ks[None, :]
     b_p = b_ptr + cols[:, None].to(tl.int64) * T + ks[None, :]
@@ -1784,12 +1783,12 @@ def _grouped_fp8_k_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, c_ptr, M, N, T
     tl.store(c_ptr + off, acc.to(c_ptr.dtype.element_ty), mask=rok[:, None] & cok[None, :])
 
 
-def _grouped_fp8_config(rows_mode):
-    """(BM, BN, BK, num_warps, num_stages, the exact mode's promotion interval along K): the
-    fastest of a sweep at the MoE experts' shapes (docs/kernels.md, the grouped FP8 GEMM)."""
+def _grouped_fp8_config(rows_mode, fast):
+    """(BM, BN, BK, num_warps, num_stages, the promotion interval along K): the fastest of a
+    sweep at the MoE experts' shapes (docs/kernels.md, the grouped FP8 GEMM)."""
     if INTERPRET:
         return 16, 16, 32, 4, 1, 32
-    return (128, 128, 128, 8, 3, 128) if rows_mode else (128, 128, 128, 4, 3, 128)
+    return (128, 128, 128, 8, 3, 128) if rows_mode and fast else (128, 128, 128, 4, 3, 128)
 
 
 def fp8_grouped_mm(a, b, offs, out_dtype, fast=False, _cfg=None):
@@ -1802,10 +1801,11 @@ def fp8_grouped_mm(a, b, offs, out_dtype, fast=False, _cfg=None):
     device: no host sync, a fixed grid (CUDA graphs)."""
     (av, sa), (bv, sb) = a, b
     rows_mode = bv.dim() == 3
-    BM, BN, BK, nw, ns, promote = _cfg or _grouped_fp8_config(rows_mode)
+    BM, BN, BK, nw, ns, promote = _cfg or _grouped_fp8_config(rows_mode, fast)
     kdtype = torch.float32 if INTERPRET else out_dtype
     offs = offs.to(torch.int32)
-    meta = dict(BM=BM, BN=BN, BK=BK, PROMOTE=0 if fast else promote, DOT_FP32=INTERPRET, num_warps=nw, num_stages=ns)
+    meta = dict(BM=BM, BN=BN, BK=BK, PROMOTE=0 if fast else promote, DOT_FP32=INTERPRET,
+                num_warps=nw, num_stages=ns)
     if rows_mode:
         E, K, M = bv.shape
         N = av.shape[0]

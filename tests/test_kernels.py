@@ -1076,9 +1076,11 @@ def test_every_launch_has_a_three_dimensional_grid(monkeypatch):
     for r in (fp4.make_recipe("mxint4", fp8_gemm=True), fp4.RECIPES["nvfp4"], fp4.RECIPES["ufp4"]):
         for tokens in (64, 40):
             _layer_grads(r, None, tokens)
-    _layer_grads(fp4.RECIPES["ufp4"], torch.tensor([7, 0, 33]))
+    for r in (fp4.RECIPES["ufp4"], fp4.make_recipe("mxint4", fp8_gemm=True)):
+        _layer_grads(r, torch.tensor([7, 0, 33]))
     assert {k.fn.__name__ for k, _ in grids} == {"_amax_kernel", "_quant_kernel", "_dequant_kernel",
-                                                 "_flat_amax_kernel"}  # every kernel but the GEMM's
+                                                 "_flat_amax_kernel", "_grouped_fp8_rows_kernel",
+                                                 "_grouped_fp8_k_kernel"}  # all but the packed GEMM's
     assert all(len(g) == 3 for _, g in grids), {k.fn.__name__: g for k, g in grids if len(g) != 3}
 
 
