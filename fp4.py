@@ -653,7 +653,10 @@ def kernels_for(x):
     """The one dispatch point between this reference and kernels.py: the kernels module when
     tensor x is to be processed by it (a CUDA tensor, triton available, backend not 'torch'),
     else None."""
-    if BACKEND == "torch" or not x.is_cuda:
+    return _kernels_on(x.device)
+
+def _kernels_on(device):
+    if BACKEND == "torch" or device.type != "cuda":
         return None
     kernels = _import_kernels()
     if BACKEND == "triton" and not (kernels and kernels.HAVE_TRITON):
@@ -840,10 +843,14 @@ def _packs_wgrad_x(recipe, pack_x):
 def _uses_fp8(recipe, counts, device):
     """The GEMM path: FP8 GEMMs (torch._scaled_mm for the dense layer, fp8_grouped_mm for the
     grouped experts) when the recipe allows it, all three GEMMs quantize to power-of-two (e8m0)
-    block scales and the device has FP8 GEMMs (the CPU, or a GPU of compute capability 8.9+);
-    else bf16 GEMMs on fake-quantized operands."""
-    return (recipe.fp8_gemm and fp8_capable(recipe)
-            and (device.type == "cpu" or _has_fp8_gemm(device)))
+    block scales and the device has FP8 GEMMs (the CPU, or a GPU of compute capability 8.9+;
+    for the experts, with the Triton kernels: the reference's per-expert loop on the GPU would
+    wait for the host in every call); else bf16 GEMMs on fake-quantized operands."""
+    if not (recipe.fp8_gemm and fp8_capable(recipe)):
+        return False
+    if device.type == "cpu":
+        return True
+    return _has_fp8_gemm(device) and (counts is None or _kernels_on(device) is not None)
 
 def fp8_capable(recipe):
     """Whether the recipe's operands can be exact FP8 numbers: every GEMM quantizes to
@@ -1188,7 +1195,8 @@ class GroupedLinear(_Quantized, nn.Module):
     """num_groups independent linears (no bias) applied to row groups: the MoE experts.
     forward(x [N, in] sorted by group, counts [num_groups] (tensor or list) summing to N) -> [N, out].
     With aligned=True each count is a multiple of group_multiple(x.device) (rows past a group's
-    real ones are zero): the layer then pads nothing (no copy of x and dy per call)."""
+    real ones are zero): the layer then pads nothing (no copy of x and dy per call). Counts on
+    the GPU are not checked (that would wait for the host): others give wrong gradients."""
 
     def __init__(self, num_groups, in_features, out_features, recipe="bf16", device=None, dtype=None):
         super().__init__()

@@ -191,7 +191,8 @@ class MoE(nn.Module):
 
     def experts(self, x_sorted, counts, aligned=False):
         """The expert MLPs on rows sorted by expert; counts [E] stays on the device (no host sync:
-        fp4.GroupedLinear runs each linear as one torch._grouped_mm). aligned: as GroupedLinear's."""
+        fp4.GroupedLinear runs each GEMM as one grouped GEMM, bf16 or FP8). aligned: as
+        GroupedLinear's."""
         h = activate(self.w_in(x_sorted, counts, aligned), self.kind)
         return self.w_down(h, counts, aligned)
 

@@ -1132,6 +1132,17 @@ def test_uses_fp8_dispatch():
     assert fp4._uses_fp8(fp4.make_recipe("mxfp4", fp8_gemm=True), torch.tensor([3, 5]), CPU)  # experts
 
 
+def test_uses_fp8_keeps_gpu_experts_off_the_reference_loop(monkeypatch):
+    """On a GPU with FP8 GEMMs the dense layer takes them on either backend; the experts only
+    with the Triton kernels (the reference's per-expert FP8 loop would wait for the host)."""
+    cuda, r, counts = torch.device("cuda"), fp4.make_recipe("mxint4", fp8_gemm=True), torch.tensor([3, 5])
+    monkeypatch.setattr(fp4, "_has_fp8_gemm", lambda device: True)
+    monkeypatch.setattr(fp4, "_kernels_on", lambda device: None)
+    assert fp4._uses_fp8(r, None, cuda) and not fp4._uses_fp8(r, counts, cuda)
+    monkeypatch.setattr(fp4, "_kernels_on", lambda device: object())
+    assert fp4._uses_fp8(r, counts, cuda)
+
+
 @pytest.mark.parametrize("name,tokens,train_w", [("mxfp4", 64, True), ("mxint4", 64, True),
                                                  ("mxint4", 50, True), ("mxfp4", 64, False)])
 def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):

@@ -489,12 +489,15 @@ def fp8_grouped_gemm():
         for what, a, b, out, rows in (("Fprop", xr, fp4._t(wq), torch.bfloat16, True),
                                       ("Wgrad", fp4._t(dyc), xc, torch.float32, False)):
             exact = _group_products(a, b, offs, rows)
+            errs = []
             for fast in (False, True):
                 got = fp4.fp8_grouped_mm(a, b, offs, out, fast=fast)
-                rel = ((got.double() - exact).norm() / exact.norm()).item()
-                print(f"      {name} grouped {what}, fast accumulation {fast}: relative error {rel:.2e}")
-                bound = 4e-3 if out == torch.bfloat16 else 5e-3 if fast else 5e-4
-                assert rel < bound, f"{name} {what} fast={fast}: relative error {rel:.2e}"
+                errs.append(((got.double() - exact).norm() / exact.norm()).item())
+                print(f"      {name} grouped {what}, fast accumulation {fast}: relative error {errs[-1]:.2e}")
+            if out == torch.bfloat16:  # the output's rounding either way
+                assert max(errs) < 4e-3, f"{name} {what}: relative errors {errs}"
+            else:  # fp32 out (measured: promoted 6e-7 to 3e-6, fast 4e-6 to 1.4e-5)
+                assert errs[0] < min(errs[1], 2e-5) and errs[1] < 1e-4, f"{name} {what}: relative errors {errs}"
 
 
 def fp8_grouped_layer(recipe_name):
