@@ -1223,8 +1223,8 @@ class GroupedLinear(_Quantized, nn.Module):
             if int(counts.sum()) != x.shape[0] or bool((counts < 0).any()):
                 raise ValueError(f"counts {counts.tolist()} must be non-negative and sum to the rows "
                                  f"of x ({x.shape[0]}): x holds each group's rows, sorted by group")
-            m = self.group_multiple(x.device) if aligned else 1
-            if bool((counts % m).any()):
+            m = self.group_multiple(x.device)
+            if aligned and bool((counts % m).any()):
                 raise ValueError(f"aligned=True needs counts that are multiples of {m} (zero rows "
                                  f"after each group's real ones), got {counts.tolist()}; or pass "
                                  f"aligned=False and the layer pads")
