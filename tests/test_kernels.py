@@ -1099,7 +1099,6 @@ def test_fp8_grouped_mm_matches_reference():
     group written as zeros; no tokens at all) into fp32; e5m2 x e4m3 operands, the scales applied
     once. (The interpreter sums in fp32 whatever the accumulation mode: the GPU check tests
     fast against promoted.)"""
-    fast = False
     counts = torch.tensor([16, 0, 48, 32, 16])  # multiples of 16 along K, as group_multiple makes them
     offs = torch.cumsum(counts, 0).to(torch.int32)
     T = int(counts.sum())
@@ -1107,13 +1106,13 @@ def test_fp8_grouped_mm_matches_reference():
     a = (_fp8_grid_values((T, 64), fp4.E5M2, 1), sa)
     b = (_fp8_grid_values((5, 48, 64), fp4.E4M3, 2).transpose(1, 2), sb)  # [E, K, M], K contiguous
     row_offs = torch.cumsum(torch.tensor([5, 0, 21, 50, 36]), 0).to(torch.int32)  # any row counts
-    got = kernels.fp8_grouped_mm(a, b, row_offs, torch.bfloat16, fast=fast)
+    got = kernels.fp8_grouped_mm(a, b, row_offs, torch.bfloat16)
     want = fp4.fp8_grouped_mm(a, b, row_offs, torch.bfloat16)
     assert got.shape == (T, 48) and got.dtype == torch.bfloat16
     assert_same(got, want, "row groups")
     at = (_fp8_grid_values((40, T), fp4.E5M2, 3), sa)
     bt = (_fp8_grid_values((24, T), fp4.E4M3, 4).t(), sb)  # [T, N], T contiguous
-    got = kernels.fp8_grouped_mm(at, bt, offs, torch.float32, fast=fast)
+    got = kernels.fp8_grouped_mm(at, bt, offs, torch.float32)
     want = fp4.fp8_grouped_mm(at, bt, offs, torch.float32)
     assert got.shape == (5, 40, 24) and not got[1].any()
     assert_same(got, want, "groups along K")
