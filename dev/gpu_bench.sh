@@ -10,7 +10,8 @@
 #   fp8_moe  the table of the MoE, ufp4 beside mxfp4 on FP8 GEMMs (about 180 s)
 #   fp8_medium, fp8_large  bf16 against mxfp4 on FP8 GEMMs at GPT-2 medium (24 x 1024) and large
 #            (36 x 1280) sizes: between GPT-2 small and the wide model, where FP8 GEMMs start to pay
-#   fp8_moe_large  the same for the MoE at GPT-2 large's size (8 experts of hidden 2560, top-2)
+#   fp8_moe_large, fp8_moe_wide  the same for the MoE at GPT-2 large's size and at the wide
+#            model's (8 experts of hidden 2560 and 4096, top-2)
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
 #            eager; results/kernels/fp8_window_mxint4.md): about 6 minutes
@@ -20,7 +21,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -62,6 +63,10 @@ fp8_moe_large)
     one fp8_gemm_moe_large 560 configs/gpu/moe_gpt2_small_bf16.py --n_layer=36 --n_embd=1280 --n_head=20 \
         --expert_hidden=2560 --batch_size=8 --gradient_accumulation_steps=16 --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F ;;
+fp8_moe_wide)
+    one fp8_gemm_moe_wide 560 configs/gpu/moe_gpt2_small_bf16.py --n_layer=24 --n_embd=2048 --n_head=16 \
+        --expert_hidden=4096 --batch_size=8 --gradient_accumulation_steps=16 --warmup=2 --iters=3 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F ;;
 fp8_moe)
     one fp8_gemm_moe 500 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G --recipes=bf16,ufp4,mxfp4+$F ;;
 checks)
@@ -82,6 +87,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe, checks or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
