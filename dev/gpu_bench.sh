@@ -7,7 +7,8 @@
 #            and as FP8 (recipe_fp8_wgrad_x=fp8), dense GPT-2 small (about 310 s)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (about 400 s)
-#   fp8_moe  the table of the MoE, ufp4 beside mxfp4 on FP8 GEMMs (about 180 s)
+#   fp8_moe  the table of the MoE: ufp4, mxfp4 and mxint4 on FP8 GEMMs, and mxfp4 with all three
+#            GEMMs in fast accumulation (five recipes in two rounds: close to the 10-minute limit)
 #   fp8_medium, fp8_large  bf16 against mxfp4 on FP8 GEMMs at GPT-2 medium (24 x 1024) and large
 #            (36 x 1280) sizes: between GPT-2 small and the wide model, where FP8 GEMMs start to pay
 #   fp8_moe_large, fp8_moe_wide  the same for the MoE at GPT-2 large's size and at the wide
@@ -68,7 +69,8 @@ fp8_moe_wide)
         --expert_hidden=4096 --batch_size=8 --gradient_accumulation_steps=16 --warmup=2 --iters=3 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F ;;
 fp8_moe)
-    one fp8_gemm_moe 500 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G --recipes=bf16,ufp4,mxfp4+$F ;;
+    one fp8_gemm_moe 580 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,ufp4,mxfp4+$F,mxint4+$F,mxfp4+$F+recipe_fp8_fast_accum=all ;;
 checks)
     timeout 300 python3 tests/gpu/check_compile.py > "$OUT/check_compile.log" 2>&1
     grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
