@@ -1,5 +1,8 @@
-"""Bit-exact comparison of tensors, shared by the CPU kernel tests and the GPU kernel check."""
+"""Bit-exact comparison of tensors, shared by the CPU kernel tests and the GPU kernel check, and
+the check that stochastic rounding lands on a grid neighbour."""
 import torch
+
+import fp4
 
 
 def bits(t):
@@ -24,3 +27,23 @@ def assert_same(a, b, what=""):
     diff = (bits(a) != bits(b)) & ~na
     assert not diff.any(), (f"{what}: {diff.sum().item()} of {a.numel()} differ, e.g. "
                             f"{a[diff][:4].tolist()} vs {b[diff][:4].tolist()}")
+
+
+def assert_grid_neighbours(y, x, fmt, what=""):
+    """Every value of y (x rounded in fmt's blocks along the last dim, as fake_quant returns it)
+    is one of the two grid levels around |x| / its block scale (fp4.quantize's scales), never
+    further: what stochastic rounding may draw."""
+    fmt = fp4.get_format(fmt) if isinstance(fmt, str) else fmt
+    r = fp4.quantize(x, fmt)
+    scale = r.scales.double().repeat_interleave(fmt.block, -1)
+    if r.tensor_scale is not None:
+        scale = scale / r.tensor_scale.double()
+    lv = torch.tensor(fp4.GRIDS[fmt.grid].levels, dtype=torch.float64)
+    t = (x.double().abs() / scale).clamp(max=lv[-1].item())
+    lo = lv[(torch.searchsorted(lv, t, right=True) - 1).clamp(min=0)]
+    hi = lv[torch.searchsorted(lv, t).clamp(max=len(lv) - 1)]
+    d = y.double().abs() / scale
+    tol = 1e-6 * lv[-1].item()
+    ok = ((d - lo).abs() <= tol) | ((d - hi).abs() <= tol) | (scale == 0)
+    assert ok.all(), (f"{what}: {int((~ok).sum())} of {y.numel()} values are not a grid neighbour "
+                      f"of x, e.g. {d[~ok][:3].tolist()} for {t[~ok][:3].tolist()} (grid units)")

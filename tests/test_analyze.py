@@ -33,7 +33,7 @@ def test_tensor_and_depth_analysis_of_a_checkpoint(tmp_path):
     for operand in ("attn.qkv.x", "mlp.fc2.x", "mlp.fc1.W", "attn.proj.dy"):
         assert f"| {operand} | ufp4 | yes |" in table
     rows = [json.loads(l) for l in open(prefix + "_tensors.jsonl")]
-    assert all(0.5 < r["alpha"] < 1.5 and r["sqnr_db"] > 5 for r in rows)
+    assert rows and all(0.5 < r["alpha"] < 1.5 and r["sqnr_db"] > 5 for r in rows)
     depth = json.load(open(prefix + "_depth.json"))
     assert set(depth) == {"e2m1", "ufp4", "nvfp4", "mxfp4"}
     assert len(depth["ufp4"]["rms_ratio"]) == 2 and os.path.exists(prefix + "_depth.png")

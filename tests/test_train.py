@@ -474,7 +474,9 @@ def test_ddp_two_processes_match_one(ds, tmp_path, monkeypatch):
     assert len(a) == len(b) == 8
     for ra, rb in zip(a, b):
         assert abs(ra["loss"] - rb["loss"]) < 1e-5, (ra, rb)
-    for ra, rb in zip(read_log(str(tmp_path / "one"), "eval"), read_log(str(tmp_path / "two"), "eval")):
+    ea, eb = read_log(str(tmp_path / "one"), "eval"), read_log(str(tmp_path / "two"), "eval")
+    assert len(ea) == len(eb) > 0
+    for ra, rb in zip(ea, eb):
         assert abs(ra["val_loss"] - rb["val_loss"]) < 1e-5
     ca = torch.load(tmp_path / "one" / "ckpt.pt", weights_only=False)
     cb = torch.load(tmp_path / "two" / "ckpt.pt", weights_only=False)
