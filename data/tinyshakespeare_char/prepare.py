@@ -57,9 +57,10 @@ if __name__ == "__main__":
     parser.add_argument("--input", dest="input_path", help="a local copy of input.txt")
     parser.add_argument("--out", default=HERE, help="output folder (default: this script's folder)")
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
+    parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
     try:
-        meta = prepare(args.out, args.cache_dir, args.input_path)
+        meta = prepare(args.out, args.cache_dir, args.input_path, args.val_fraction)
     except (RuntimeError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     print(f"vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, "
