@@ -42,7 +42,7 @@ at the fork point), and the report pairs only forks of one training.
 
 Runs: bases first (one job per fork point, resumed from the previous one), then the forks, at most
 --parallel at once, spread over --gpus (each run on the GPU with the fewest of ours). No
-memory-aware packing: eight forks of the 33.6M-parameter configs/gpu/ablate_gpt.py share one H200
+memory-aware packing: eight forks of the 33.5M-parameter configs/gpu/ablate_gpt.py share one H200
 (126,516 MiB at the peak), twelve ran out of memory. Start the CUDA MPS daemon first
 (`nvidia-cuda-mps-control -d`): without it the processes of one GPU time-slice instead of running
 concurrently. Finished runs are skipped and interrupted ones resume from their last checkpoint, so

@@ -5,7 +5,7 @@
 #       --eval_iters=100 --parallel=8 --gpus=0 --drop_fork_ckpts --out=out/fork_gpt
 # (results and their commands: results/ablation/fork_gpt/)
 # (`python ablate.py seeds configs/gpu/ablate_gpt.py ...` runs the older seed-per-arm design.)
-# 8 layers x 384, SwiGLU, RMSNorm, RoPE, tied embeddings: 33.6M parameters (14.2M non-embedding),
+# 8 layers x 384, SwiGLU, RMSNorm, RoPE, tied embeddings: 33.5M parameters (14.2M non-embedding),
 # context 512, 16,384 tokens per step, 1500 steps = 24.6M tokens, 0.9 of `literature`'s 28M train
 # tokens. Batches are windows at random offsets drawn with replacement, so this is not one pass over
 # the data: about 42 % of the train tokens are never seen and about 22 % are seen more than once
