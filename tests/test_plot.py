@@ -74,7 +74,7 @@ def test_limits_keep_the_start_and_drop_a_spike(tmp_path):
     records = plot.read_records(write_log(tmp_path / "run"))
     _, loss = plot.series(records, "train", "loss")
     lo, hi = plot.robust_limits(loss)
-    assert hi >= 4.0 * math.exp(-4 / 50) + 1.5   # the first iterations' descent stays in view
+    assert hi >= loss[0]   # the first iterations' descent stays in view
     assert lo <= min(loss) + 0.05
     _, norm = plot.series(records, "train", "grad_norm")
     assert plot.robust_limits(norm)[1] < 2.0      # one 51.0 spike does not flatten the curve

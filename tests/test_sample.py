@@ -32,7 +32,8 @@ def test_sample_decodes_with_the_checkpoint_tokenizer(out, tmp_path):
 def test_sample_is_reproducible_with_a_seed(out):
     a = sample.main([f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=20", "--seed=3"])
     b = sample.main([f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=20", "--seed=3"])
-    assert a == b
+    c = sample.main([f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=20", "--seed=4"])
+    assert a == b and a != c   # the seed is used, not the default one
 
 def test_sample_errors(out, tmp_path):
     with pytest.raises(ValueError, match=r"characters \['Z'\] are not in the dataset's vocabulary"):

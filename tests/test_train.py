@@ -824,8 +824,9 @@ def test_scratch_run_refuses_an_out_dir_holding_a_run(ds, trained, tmp_path):
                                                 r"--overwrite=True.*another --out_dir"):
         run(ds, out, learning_rate=1e-3, max_iters=2)
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
-    for bad in (dict(ds=os.path.join(os.path.dirname(ds), "nope")), dict(n_embd=40, recipe="ufp4")):
-        with pytest.raises(train.ConfigError):   # a run that fails its checks replaces nothing
+    for bad, why in ((dict(ds=os.path.join(os.path.dirname(ds), "nope")), "unknown dataset 'nope'"),
+                     (dict(n_embd=40, recipe="ufp4"), "dimension 40 is not a multiple")):
+        with pytest.raises(train.ConfigError, match=why):   # a run that fails its checks replaces nothing
             run(bad.pop("ds", ds), out, max_iters=2, overwrite=True, **bad)
         assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
     run(ds, out, learning_rate=1e-3, max_iters=2, eval_interval=2, overwrite=True)
