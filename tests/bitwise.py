@@ -29,21 +29,32 @@ def assert_same(a, b, what=""):
                             f"{a[diff][:4].tolist()} vs {b[diff][:4].tolist()}")
 
 
+def element_scales(q):
+    """Each element's scale in a quantized tensor (its block scale over the tensor scale), fp64,
+    in q's layout (blocked dim last)."""
+    s = q.scales.double().repeat_interleave(q.fmt.block, -1)
+    return s / q.tensor_scale.double() if q.tensor_scale is not None else s
+
+
+def grid_neighbours(x, fmt):
+    """For x quantized in fmt's blocks along its last dim: each element's scale, |x| in grid
+    units (at most qmax), and the grid levels just below and just above it."""
+    q = fp4.quantize(x, fmt)
+    scale = element_scales(q)
+    lv = torch.tensor(fp4.GRIDS[q.fmt.grid].levels, dtype=torch.float64)
+    t = (x.double().abs() / scale).clamp(max=lv[-1].item())
+    lo = lv[(torch.searchsorted(lv, t, right=True) - 1).clamp(min=0)]
+    hi = lv[torch.searchsorted(lv, t).clamp(max=len(lv) - 1)]
+    return scale, t, lo, hi
+
+
 def assert_grid_neighbours(y, x, fmt, what=""):
     """Every value of y (x rounded in fmt's blocks along the last dim, as fake_quant returns it)
     is one of the two grid levels around |x| / its block scale (fp4.quantize's scales), never
     further: what stochastic rounding may draw."""
-    fmt = fp4.get_format(fmt) if isinstance(fmt, str) else fmt
-    r = fp4.quantize(x, fmt)
-    scale = r.scales.double().repeat_interleave(fmt.block, -1)
-    if r.tensor_scale is not None:
-        scale = scale / r.tensor_scale.double()
-    lv = torch.tensor(fp4.GRIDS[fmt.grid].levels, dtype=torch.float64)
-    t = (x.double().abs() / scale).clamp(max=lv[-1].item())
-    lo = lv[(torch.searchsorted(lv, t, right=True) - 1).clamp(min=0)]
-    hi = lv[torch.searchsorted(lv, t).clamp(max=len(lv) - 1)]
+    scale, t, lo, hi = grid_neighbours(x, fmt)
     d = y.double().abs() / scale
-    tol = 1e-6 * lv[-1].item()
+    tol = 1e-6 * fp4.GRIDS[fp4.get_format(fmt).grid].qmax
     ok = ((d - lo).abs() <= tol) | ((d - hi).abs() <= tol) | (scale == 0)
     assert ok.all(), (f"{what}: {int((~ok).sum())} of {y.numel()} values are not a grid neighbour "
                       f"of x, e.g. {d[~ok][:3].tolist()} for {t[~ok][:3].tolist()} (grid units)")

@@ -21,7 +21,7 @@ import fp4  # noqa: E402
 import kernels  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from bitwise import assert_grid_neighbours, assert_same, bits  # noqa: E402
+from bitwise import assert_grid_neighbours, assert_same, bits, element_scales, grid_neighbours  # noqa: E402
 
 if not kernels.INTERPRET:  # imported earlier in this process without the interpreter
     pytest.skip("kernels was imported without TRITON_INTERPRET=1", allow_module_level=True)
@@ -198,9 +198,7 @@ def test_ties_round_to_even(name):
     check_rtne(x, fmt, 1, None)
     check_rtne(x.t().contiguous(), fmt, 0, None)
     idx = fp4.unpack_codes(r.codes).reshape(x.shape) & 7
-    scale = r.scales.double().repeat_interleave(fmt.block, -1)
-    if r.tensor_scale is not None:
-        scale = scale / r.tensor_scale.double()
+    scale = element_scales(r)
     lv = torch.tensor(fp4.GRIDS[fmt.grid].levels, dtype=torch.float64)
     a = x.double().abs() / scale
     tie = ((a[..., None] - (lv[:-1] + lv[1:]) / 2).abs() < 1e-9).any(-1)
@@ -448,10 +446,7 @@ def test_sr_unbiased(name):
         lo = fp4.fake_quant(ref, fmt, dtype=torch.float32)  # scales known: RTNE grid of the same blocks
         # every draw is one of the two grid neighbours; the mean converges to x
         mean, sd = y.double().mean(0), y.double().std(0)
-        q = fp4.quantize(ref, fmt)
-        scale = q.scales.double().repeat_interleave(fmt.block, -1)[0]
-        if q.tensor_scale is not None:
-            scale = scale / q.tensor_scale.double()
+        scale = element_scales(fp4.quantize(ref, fmt))[0]
         lv = fp4.GRIDS[fmt.grid].levels
         step = scale * max(b - a for a, b in zip(lv, lv[1:]))   # the widest gap of the grid
         # unbiased w.r.t. x clamped to the block's range (an e4m3 scale rounded down saturates)
@@ -590,12 +585,7 @@ def test_sr_on_grids_of_several_uniform_pieces(monkeypatch):
         fmt = f"{name}/16/fp32"
         x = randn(64, 64, seed=17)
         assert_same(kernels.fake_quant(x, fmt, dtype=torch.float32), fp4.fake_quant(x, fmt, dtype=torch.float32))
-        q = fp4.quantize(x, fmt)
-        scale = q.scales.repeat_interleave(16, -1)
-        t = (x.abs() / scale).clamp(max=levels[-1])
-        lv = torch.tensor(levels)
-        lo = lv[(torch.searchsorted(lv, t, right=True) - 1).clamp(min=0)]
-        hi = lv[torch.searchsorted(lv, t).clamp(max=len(levels) - 1)]
+        scale, t, lo, hi = grid_neighbours(x, fmt)
         near = torch.where(t - lo <= hi - t, lo, hi)
         hits = 0
         for seed in range(8):
