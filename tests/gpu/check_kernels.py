@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
 
 import fp4  # noqa: E402
 import kernels  # noqa: E402
-from bitwise import assert_same as same  # noqa: E402
+from bitwise import assert_same as same, element_scales  # noqa: E402
 
 DEV = "cuda"
 RESULTS = []
@@ -229,9 +229,7 @@ def sr_unbiased():
             y = y.t()
         r = fp4.rht_transform(base, rht) if rht else base
         q = ref(fp4.quantize, r, fmt)
-        scale = q.scales.double().repeat_interleave(fmt.block, -1)[0]
-        if q.tensor_scale is not None:
-            scale = scale / q.tensor_scale.double()
+        scale = element_scales(q)[0]
         lv = fp4.GRIDS[fmt.grid].levels
         step = scale * max(b - a for a, b in zip(lv, lv[1:]))
         qmax = fp4.GRIDS[fmt.grid].qmax
