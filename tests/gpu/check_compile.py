@@ -4,8 +4,8 @@
 
 Every compile goes through train.torch_compile, as train.py's does.
 
-1. graph breaks (torch._dynamo.explain) of a converted dense GPT and MoE GPT: none may come from
-   the FP4 layers (the MoE router's bincount in model.py is reported, not failed)
+1. graph breaks (torch._dynamo.explain) of a converted dense GPT and MoE GPT (ufp4, and the MoE
+   in mxfp4 on FP8 GEMMs): none may come from the FP4 layers (the MoE router's bincount in model.py is reported, not failed)
 2. compiled (default inductor) vs eager ufp4 GPT, bf16 autocast: same loss on the same weights
    within bf16 tolerance, 5 AdamW steps of both stay close, no recompile after warm-up (also
    with probe_alphas() switched on for one step: the probe works under compile)
@@ -103,15 +103,18 @@ def loss_of(model, x, y, seed):
 
 
 def breaks():
-    for name, kw in (("dense", {}), ("moe", dict(n_expert=8, top_k=2))):
+    moe = dict(n_expert=8, top_k=2)
+    fp8 = fp4.make_recipe("mxfp4", fp8_gemm=True)  # the experts on the grouped FP8 GEMM
+    for name, recipe, kw in (("dense ufp4", "ufp4", {}), ("moe ufp4", "ufp4", moe),
+                             ("moe mxfp4 on FP8 GEMMs", fp8, moe)):
         torch._dynamo.reset()
-        m = gpt("ufp4", **kw)
+        m = gpt(recipe, **kw)
         x, y = batch()
         with autocast():
             ex = torch._dynamo.explain(m)(x, y)
         reasons = [str(b.reason).split("\n")[0][:160] for b in ex.break_reasons]
         ours = [r for r in reasons if "fp4" in r.lower() or "nanofp4" in r.lower()]
-        report(not ours, f"explain {name} ufp4 GPT: no graph break from the FP4 layers",
+        report(not ours, f"explain {name} GPT: no graph break from the FP4 layers",
                f"{ex.graph_break_count} breaks in all" + (f"; other causes: {sorted(set(reasons))}"
                                                           if reasons else ""))
     torch._dynamo.reset()
