@@ -5,7 +5,8 @@
 Every compile goes through train.torch_compile, as train.py's does.
 
 1. graph breaks (torch._dynamo.explain) of a converted dense GPT and MoE GPT (ufp4, and the MoE
-   in mxfp4 on FP8 GEMMs): none may come from the FP4 layers (the MoE router's bincount in model.py is reported, not failed)
+   in mxfp4 on FP8 GEMMs): none may come from the FP4 layers (the MoE router's bincount in
+   model.py is reported, not failed)
 2. compiled (default inductor) vs eager ufp4 GPT, bf16 autocast: same loss on the same weights
    within bf16 tolerance, 5 AdamW steps of both stay close, no recompile after warm-up (also
    with probe_alphas() switched on for one step: the probe works under compile)
