@@ -37,8 +37,8 @@ def test_checkpoints_load_with_weights_only(tmp_path):
     ck = torch.load(path, weights_only=True)
     want = fake_ckpt()
     assert torch.equal(ck["model"]["w"], want["model"]["w"])
-    assert {k: ck[k] for k in ("iter_num", "best_val_loss", "config", "model_args", "recipe")} == \
-        {k: want[k] for k in ("iter_num", "best_val_loss", "config", "model_args", "recipe")}
+    keys = ("iter_num", "best_val_loss", "config", "model_args", "recipe")
+    assert {k: ck[k] for k in keys} == {k: want[k] for k in keys}
     assert ck["checksum"] == checkpoint.checksum(ck)
 
 
