@@ -2,9 +2,9 @@
 eval.py: a checkpoint's loss over a whole text file or dataset split: tokens, mean loss
 (nats/token), perplexity and bits per byte.
 
-    python eval.py --out_dir=out/moe_ufp4                          # its dataset's val split
-    python eval.py --out_dir=out/moe_ufp4 --text_file=hamlet.txt   # any UTF-8 text file
-    python eval.py --ckpt_path=out/moe_ufp4/ckpt_best.pt --recipe=bf16   # the unquantized forward
+    python eval.py --out_dir=out/moe_small_ufp4                     # its dataset's val split
+    python eval.py --out_dir=out/moe_small_ufp4 --text_file=hamlet.txt   # any UTF-8 text file
+    python eval.py --ckpt_path=out/moe_small_ufp4/ckpt_best.pt --recipe=bf16   # unquantized forward
 
 A full pass: the tokens are cut into non-overlapping windows of block_size tokens, and every
 token but the first of the text is predicted once, from the tokens before it in its window (the

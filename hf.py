@@ -1,9 +1,9 @@
 """
 hf.py: model weights in and out of nanoFP4: safetensors, and Hugging Face model directories.
 
-    python hf.py export out/gpt_ufp4 hf/gpt_ufp4           # or a ckpt.pt path; --dtype=bfloat16
+    python hf.py export out/gpt_small_ufp4 hf/gpt_small_ufp4   # or a ckpt.pt path; --dtype=bfloat16
     python hf.py export out/gpt2_style/ckpt.pt hf/gpt2_style
-    python hf.py export out/gpt_ufp4/model.safetensors hf/gpt_ufp4
+    python hf.py export out/gpt_small_ufp4/model.safetensors hf/gpt_small_ufp4
 
 Export writes a transformers model directory (config.json, model.safetensors, tokenizer files,
 nanofp4.json with the checkpoint's model_args, recipe, iteration and dataset meta):

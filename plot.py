@@ -1,7 +1,7 @@
 """
 plot.py: a picture of a training run from its log.jsonl, without wandb.
 
-    python plot.py out/moe_ufp4                  # writes out/moe_ufp4/log.png
+    python plot.py out/moe_small_ufp4                  # writes out/moe_small_ufp4/log.png
     python plot.py out/a out/b/log.jsonl         # one PNG beside each log
 
 Panels, each only when the log holds its keys: loss (train, smoothed, and the eval points of

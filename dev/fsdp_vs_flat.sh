@@ -5,6 +5,7 @@
 #   bash dev/fsdp_vs_flat.sh [NPROC] [CONFIG] [ITERS] [OUT]
 set -eu
 N=${1:-1}; CFG=${2:-configs/gpu/gpt2_small_ufp4.py}; ITERS=${3:-12}; OUT=${4:-out/fsdp_vs_flat}
+mkdir -p "$(dirname "$OUT")"
 ARGS="--compile=False --max_iters=$ITERS --eval_interval=100000 --eval_iters=1 --log_interval=1
       --warmup_iters=1 --always_save_checkpoint=False --final_sample_tokens=0 --plot=False --overwrite=True"
 for mode in flat fsdp; do

@@ -213,6 +213,13 @@ def test_warmup_longer_than_the_run_warns(ds, tmp_path, capsys):
     run(ds, tmp_path / "b", max_iters=3, warmup_iters=2, eval_interval=3)
     assert "warmup_iters" not in capsys.readouterr().out
 
+def test_a_recipe_that_keeps_every_block_in_bf16_warns(ds, tmp_path, capsys):
+    run(ds, tmp_path / "a", max_iters=1, eval_interval=1, recipe="ufp4", recipe_bf16_first=1,
+        recipe_bf16_last=1)
+    assert "warning: recipe ufp4* keeps all 2 blocks in bf16" in capsys.readouterr().out
+    run(ds, tmp_path / "b", max_iters=1, eval_interval=1, recipe="ufp4", recipe_bf16_first=1)
+    assert "keeps all" not in capsys.readouterr().out
+
 # -----------------------------------------------------------------------------
 # training
 
@@ -926,6 +933,22 @@ def test_nonfinite_eval_loss_is_not_saved(ds, tmp_path, monkeypatch, capsys):
     fake_evals(monkeypatch, [3.0, float("nan")])
     run(ds, tmp_path, max_iters=2, eval_interval=2)
     assert "not saving at iter 2: its val loss is nan" in capsys.readouterr().out
+    assert not (tmp_path / "ckpt.pt").exists()
+
+def test_nonfinite_weights_are_not_saved(ds, tmp_path, monkeypatch, capsys):
+    """A finite val loss from weights that hold a NaN (a loss that does not read that weight's
+    row) does not make a checkpoint."""
+    calls = []
+    def estimate(run):
+        calls.append(1)
+        if len(calls) == 2:
+            with torch.no_grad():
+                next(run.raw_model.parameters()).view(-1)[0] = float("nan")
+        return {"train": 3.0, "val": 3.0}
+    monkeypatch.setattr(train, "estimate_loss", estimate)
+    with contextlib.suppress(train.NonFiniteError):
+        run(ds, tmp_path, max_iters=2, eval_interval=2)
+    assert "not saving at iter 2: its weights are not finite" in capsys.readouterr().out
     assert not (tmp_path / "ckpt.pt").exists()
 
 def test_an_unsaved_eval_is_not_the_best(ds, tmp_path, monkeypatch, capsys):
