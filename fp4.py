@@ -168,7 +168,7 @@ def block_scales(amax, grid, scale_kind, tensor_scale=None):
 
 def tensor_scale_for(x, fmt):
     """NVFP4's fp32 per-tensor encode scale s_enc = qmax * 448 / amax(x) (1 when x is all zero)."""
-    amax = x.abs().amax().float()
+    amax = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
     s_enc = torch.full_like(amax, GRIDS[fmt.grid].qmax * E4M3_MAX) / amax  # (scalar / t rounds twice)
     return torch.where(amax == 0, torch.ones_like(s_enc), s_enc)
 
@@ -203,6 +203,11 @@ def blocked_dim(x, dim):
     return dim % x.dim()
 
 def check_blockable(x, fmt, dim, rht):
+    """Raise, with the fix, unless x can be quantized in fmt's blocks along dim with RHT size rht."""
+    if not x.is_floating_point():
+        raise TypeError(f"quantizers take a floating-point tensor, got {x.dtype}: pass x.float()")
+    if rht is not None and (isinstance(rht, bool) or not isinstance(rht, int) or rht not in RHT_SIZES):
+        raise ValueError(f"rht must be None or an RHT size in {RHT_SIZES}, got {rht!r}")
     K = x.shape[dim]
     for n, what in ((fmt.block, f"block size of format {fmt.name!r}"), (rht or 1, "RHT size")):
         if K % n != 0:
@@ -212,10 +217,17 @@ def check_blockable(x, fmt, dim, rht):
         raise ValueError(f"2D blocks need a tensor of 2+ dims whose two tiled dims are multiples "
                          f"of {fmt.block}, got shape {tuple(x.shape)} blocked along dim {dim}")
 
+def check_out_dtype(dtype):
+    """fake_quant's output dtype: None (x's) or a float of 16+ bits (to_fp8 makes FP8 operands)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point
+                                  and dtype.itemsize >= 2):
+        raise TypeError(f"dtype must be None or torch.float32, bfloat16, float16 or float64, got "
+                        f"{dtype!r}; for FP8 operands use to_fp8")
+
 def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
     """The shared core: x -> (signed grid values in blocked layout, block scales, s_enc)."""
     grid = GRIDS[fmt.grid]
-    xt = x.float().movedim(dim, -1)
+    xt = x.detach().float().movedim(dim, -1)  # not differentiable (the layer's op is straight-through)
     if rht:
         xt = rht_transform(xt, rht)
     blocks = _blocked(xt, fmt)                      # [..., n_blocks, block] or 2D tiles
@@ -265,8 +277,23 @@ def _blocked(t, fmt):
         return t.reshape(*t.shape[:-2], t.shape[-2] // b, b, K // b, b)
     return t.reshape(*t.shape[:-1], K // b, b)
 
+def check_qtensor(q):
+    """A QTensor's codes and scales have the shapes its shape, dim and format imply (one built or
+    altered by hand gives this error, not numbers read past its arrays)."""
+    if not isinstance(q, QTensor):
+        raise TypeError(f"expected an fp4.QTensor (from fp4.quantize), got {type(q).__name__}")
+    moved = (*q.shape[:q.dim], *q.shape[q.dim + 1:], q.shape[q.dim])
+    b = q.fmt.block
+    codes = (*moved[:-1], moved[-1] // 2)
+    scales = (*moved[:-2], moved[-2] // b, moved[-1] // b) if q.fmt.block_2d else (*moved[:-1], moved[-1] // b)
+    if q.codes.dtype != torch.uint8 or tuple(q.codes.shape) != codes or tuple(q.scales.shape) != scales:
+        raise ValueError(f"QTensor of shape {q.shape} blocked along dim {q.dim} in {q.fmt.name} needs "
+                         f"uint8 codes {codes} and scales {scales}, got {q.codes.dtype} codes "
+                         f"{tuple(q.codes.shape)} and scales {tuple(q.scales.shape)}")
+
 def dequantize(q, dtype=None):
     """QTensor -> tensor of the original shape (in the RHT basis if q.rht), in q.dtype or `dtype`."""
+    check_qtensor(q)
     kernels = kernels_for(q.codes)
     if kernels:
         return kernels.dequantize(q, dtype)
@@ -285,6 +312,7 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None)
     fmt = get_format(fmt)
     dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
+    check_out_dtype(dtype)
     kernels = kernels_for(x)
     if kernels:
         return kernels.fake_quant(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, dtype=dtype)
@@ -294,7 +322,7 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None)
         out = out / s_enc
     return out.movedim(-1, dim).to(dtype or x.dtype)
 
-def quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed):
+def quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed, dtype=None):
     """quantize_both's arguments checked and resolved: (row fmt, col fmt, row RHT, col RHT,
     row packed, col packed)."""
     if x.dim() != 2:
@@ -304,6 +332,7 @@ def quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed):
     rht_col = rht if rht_col == "same" else rht_col
     check_blockable(x, fmt, 1, rht)
     check_blockable(x, fmt_col, 0, rht_col)
+    check_out_dtype(dtype)
     pr, pc = _per_side(packed, bool, "packed")
     return fmt, fmt_col, rht, rht_col, pr, pc
 
@@ -323,7 +352,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, quantize's where
     `packed` (a bool, or one per side) says so, to_fp8's where `fp8` (an FP8 dtype, or one dtype
     or None per side) gives a dtype. Here two calls; kernels.py reads x once."""
-    fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
+    fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed, dtype)
     kernels = kernels_for(x)
     if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
@@ -412,6 +441,7 @@ def fp8_from_packed(q, fp8=E4M3):
     dequantize(q) bit for bit except in blocks more than the FP8 window below q's largest block
     (fp8_inexact_blocks). The scale is the one that largest block needs (to_fp8's, when no RHT
     was applied). So an operand can wait for its FP8 GEMM packed: half a byte an element."""
+    check_qtensor(q)
     check_fp8(q.fmt, fp8)
     kernels = kernels_for(q.codes)
     if kernels:
@@ -484,7 +514,20 @@ class Gemm:
     sr_a: bool = False
     sr_b: bool = False
 
+    def __post_init__(self):
+        if self.fmt is not None:
+            get_format(self.fmt)  # an unknown format is an error here, not at the first GEMM
+        _check_types(self, bool, "rht", "sr_a", "sr_b")
+
 GEMMS = ("fprop", "dgrad", "wgrad")
+
+def _check_types(obj, kind, *fields):
+    """Each field of a recipe dataclass is a `kind` (bool is not taken for int): "no" or 1 for a
+    bool field would otherwise read as a switch turned on."""
+    for name in fields:
+        v = getattr(obj, name)
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            raise TypeError(f"{type(obj).__name__}.{name} must be {kind.__name__}, got {v!r}")
 
 @dataclass(frozen=True)
 class Recipe:
@@ -505,6 +548,13 @@ class Recipe:
                                    # element, made FP8 in backward) or "fp8" (a byte: faster, more memory)
 
     def __post_init__(self):  # a Recipe built directly (not by make_recipe) is checked too
+        _check_types(self, Gemm, *GEMMS)
+        _check_types(self, bool, "weight_2d", "fp8_gemm")
+        _check_types(self, int, "rht_size", "bf16_first", "bf16_last")
+        if min(self.bf16_first, self.bf16_last) < 0 or not 0 <= self.bf16_last_fraction <= 1:
+            raise ValueError(f"bf16_first and bf16_last must be >= 0 and bf16_last_fraction in "
+                             f"[0, 1], got {self.bf16_first}, {self.bf16_last}, "
+                             f"{self.bf16_last_fraction}")
         if self.fp8_wgrad_x not in ("packed", "fp8"):
             raise ValueError(f"fp8_wgrad_x must be 'packed' (4-bit codes + scales) or 'fp8' (e4m3), "
                              f"got {self.fp8_wgrad_x!r}")
@@ -539,6 +589,10 @@ RECIPES = {
 def _gemm_names(value, key):
     """'all', 'none' or a list of GEMMs, comma or slash separated ('fprop,wgrad', 'fprop/wgrad':
     the slash form fits in bench.py's comma list of recipes) -> a tuple in GEMMS order."""
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be 'all', 'none' or a list of GEMMs {list(GEMMS)}, got {value!r}")
     on = {"all": GEMMS, "none": (), "": ()}.get(value, tuple(s.strip() for s in re.split("[,/]", value)))
     bad = [g for g in on if g not in GEMMS]
     if bad:
@@ -568,8 +622,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
         on = _gemm_names(rht, "rht")
         gemms = {g: replace(v, rht=g in on) for g, v in gemms.items()}
     if sr_dy is not None:
-        gemms["dgrad"] = replace(gemms["dgrad"], sr_a=bool(sr_dy))
-        gemms["wgrad"] = replace(gemms["wgrad"], sr_a=bool(sr_dy))
+        gemms["dgrad"] = replace(gemms["dgrad"], sr_a=sr_dy)
+        gemms["wgrad"] = replace(gemms["wgrad"], sr_a=sr_dy)
     changes = dict(gemms)
     fast = _gemm_names(fp8_fast_accum, "fp8_fast_accum") if fp8_fast_accum is not None else None
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
@@ -1090,7 +1144,17 @@ def _cached_pairs(weight_q):
         return None, None
     return (weight_q[0], weight_q[1]), (weight_q[2], weight_q[3])
 
+def _check_shapes(x, weight, counts):
+    """x [T, in] against weight [out, in], or [E, out, in] with counts [E] (the experts)."""
+    want = 2 if counts is None else 3
+    if x.dim() != 2 or weight.dim() != want or x.shape[1] != weight.shape[-1]:
+        layout = "weight [out, in]" if counts is None else "weight [E, out, in] with counts [E]"
+        raise ValueError(f"a quantized linear takes x [T, in] and {layout}; got x "
+                         f"{tuple(x.shape)} and weight {tuple(weight.shape)}"
+                         + (": reshape x to 2D" if x.dim() != 2 else ""))
+
 def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), aligned=False):
+    _check_shapes(x, weight, counts)
     dtype = _compute_dtype(x)  # the autocast dtype, else fp32 (fp64 stays fp64)
     if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
         # as autocast's F.linear: x in the autocast dtype (a LayerNorm's fp32 output, cast where
@@ -1104,7 +1168,33 @@ def fp4_linear(x, weight, recipe, counts=None, tag=""):
     """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a
     preset name); with counts [E], weight [E, out, in] and x's rows sorted by group (MoE
     experts). tag: the layer's name in probe_alphas() records."""
-    return _apply(x, weight, counts, recipe_key(make_recipe(recipe)), tag)
+    recipe = make_recipe(recipe)
+    if counts is not None:
+        counts = group_counts(x, weight, counts, recipe)
+    return _apply(x, weight, counts, recipe_key(recipe), tag)
+
+def group_counts(x, weight, counts, recipe, aligned=False):
+    """counts (a tensor or list: the rows of each group, x sorted by group) as a long tensor on
+    x's device, checked against weight [E, out, in] and x where that costs no host sync (counts on
+    the CPU, eager): others give wrong gradients. aligned: as GroupedLinear.forward's."""
+    counts = torch.as_tensor(counts, device=x.device)
+    if counts.is_floating_point() or counts.is_complex():
+        raise TypeError(f"counts must be integers, got {counts.dtype}")
+    counts = counts.long()
+    groups = weight.shape[0] if weight.dim() == 3 else None
+    if counts.dim() != 1 or counts.shape[0] != groups:
+        raise ValueError(f"counts must hold one row count per group of weight [E, out, in] "
+                         f"(weight {tuple(weight.shape)}), got shape {tuple(counts.shape)}")
+    if counts.device.type == "cpu" and not torch.compiler.is_compiling():
+        if int(counts.sum()) != x.shape[0] or bool((counts < 0).any()):
+            raise ValueError(f"counts {counts.tolist()} must be non-negative and sum to the rows "
+                             f"of x ({x.shape[0]}): x holds each group's rows, sorted by group")
+        m = group_multiple(recipe, x.device)
+        if aligned and bool((counts % m).any()):
+            raise ValueError(f"aligned=True needs counts that are multiples of {m} (zero rows "
+                             f"after each group's real ones), got {counts.tolist()}; or pass "
+                             f"aligned=False and the layer pads")
+    return counts
 
 class _Quantized:
     """The `recipe` attribute of the quantized modules, kept with the string key the ops take
@@ -1213,21 +1303,7 @@ class GroupedLinear(_Quantized, nn.Module):
         return group_multiple(self.recipe, device)
 
     def forward(self, x, counts, aligned=False):
-        counts = torch.as_tensor(counts, device=x.device).long()
-        groups = self.weight.shape[0]
-        if counts.shape != (groups,):
-            raise ValueError(f"counts must hold one row count per group ({groups}), got shape "
-                             f"{tuple(counts.shape)}")
-        # the counts are checked where it costs no host sync (counts on the CPU, eager)
-        if counts.device.type == "cpu" and not torch.compiler.is_compiling():
-            if int(counts.sum()) != x.shape[0] or bool((counts < 0).any()):
-                raise ValueError(f"counts {counts.tolist()} must be non-negative and sum to the rows "
-                                 f"of x ({x.shape[0]}): x holds each group's rows, sorted by group")
-            m = self.group_multiple(x.device)
-            if aligned and bool((counts % m).any()):
-                raise ValueError(f"aligned=True needs counts that are multiples of {m} (zero rows "
-                                 f"after each group's real ones), got {counts.tolist()}; or pass "
-                                 f"aligned=False and the layer pads")
+        counts = group_counts(x, self.weight, counts, self.recipe, aligned)
         return _apply(x, self.weight, counts, self._recipe_key, self.tag, aligned=aligned)
 
     def extra_repr(self):
@@ -1252,10 +1328,11 @@ def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
     memory. Both default to the model's own `fp4_keep` and `fp4_keep_x` (model.GPT names its
     router, and its attention output projection, whose input is a view of SDPA's saved output on
     the GPU), else none. Parameters are shared, not copied. Returns the model."""
-    keep = getattr(model, "fp4_keep", ()) if keep is None else keep
-    keep_x = getattr(model, "fp4_keep_x", ()) if keep_x is None else keep_x
     recipe = make_recipe(recipe)
     blocks = getattr(model, blocks_attr)
+    keep = getattr(model, "fp4_keep", ()) if keep is None else _module_names(blocks, keep, "keep")
+    keep_x = (getattr(model, "fp4_keep_x", ()) if keep_x is None
+              else _module_names(blocks, keep_x, "keep_x"))
     bf16 = recipe.bf16_blocks(len(blocks))
     for i, block in enumerate(blocks):
         r = RECIPES["bf16"] if i in bf16 else recipe
@@ -1277,6 +1354,17 @@ def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
                 parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
                 setattr(parent, name.split(".")[-1], new)
     return model
+
+def _module_names(blocks, names, key):
+    """convert's keep or keep_x given by the caller: a name or a list of names, each matching a
+    module in some block (a misspelt name would quietly quantize what it meant to keep)."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    found = {n for block in blocks for n, _ in block.named_modules() if n}
+    missing = [k for k in names if not isinstance(k, str) or not any(_kept(n, (k,)) for n in found)]
+    if missing:
+        raise ValueError(f"convert({key}=...): {missing} match no module of the blocks; names are "
+                         f"dotted paths within a block or their last parts, e.g. {sorted(found)[:6]}")
+    return names
 
 def _kept(name, keep):
     """Whether the module `name` (dotted, within a block) or a module holding it is in `keep`."""

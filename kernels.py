@@ -1216,7 +1216,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
         else:
             side.codes = side.scales = None
         side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes else None
-        if side.fp8 and not M * N * A:  # no program runs to write it: an empty tensor's scale is 1
+        if side.s_enc is not None and not M * N * A:  # no program runs to write it: an empty
+            # tensor's scale is 1 (NVFP4's s_enc as for an all-zero tensor; FP8's)
             side.s_enc = torch.ones((), device=dev, dtype=torch.float32)
         args += [dummy if side.packed else side.fake, side.codes if side.packed else dummy,
                  side.scales if side.packed else dummy, amaxes.get(side, dummy),
@@ -1293,6 +1294,7 @@ def quantize(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, _cfg=None):
 def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None, _cfg=None):
     """fp4.fake_quant: the dequantized values (in the RHT basis if rht), in dtype or x.dtype,
     in x's layout (contiguous)."""
+    fp4.check_out_dtype(dtype)
     return _quantize_one(x, fmt, dim, rounding, rht, seed, dtype or x.dtype, _cfg)
 
 
@@ -1311,7 +1313,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     quantize (if packed) or to_fp8 (if fp8) returns for dim=1 and dim=0 with that side's format,
     rounding, RHT and seed, the same bits as those two calls. packed: a bool, or one per side
     (row, col); fp8: None, an FP8 dtype for both sides, or one dtype (or None) per side."""
-    fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed)
+    fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed, dtype)
     f8r, f8c = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8)
     row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r)
     col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c)
@@ -1423,6 +1425,7 @@ def _kernel_scales(q):
 
 def dequantize(q, dtype=None):
     """fp4.dequantize: QTensor -> tensor of the original shape (contiguous), in dtype or q.dtype."""
+    fp4.check_qtensor(q)
     return _dequantize(q, dtype)
 
 
@@ -1430,6 +1433,7 @@ def fp8_from_packed(q, fp8=fp4.E4M3):
     """fp4.fp8_from_packed: one pass over the block scales for the largest (_flat_amax), then
     the dequantize kernel writes the FP8 values and the scale (two launches: this runs once per
     layer in every backward, where a chain of small torch ops cost more than the conversion)."""
+    fp4.check_qtensor(q)
     fp4.check_fp8(q.fmt, fp8)
     top = _flat_amax(_kernel_scales(q))
     scale = torch.empty((), device=q.codes.device, dtype=torch.float32)  # the dequantize kernel writes it

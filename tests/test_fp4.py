@@ -1,6 +1,7 @@
 """Tests for fp4.py, the reference. Independent oracles: ml_dtypes casts and the spec's formulas
 written out in numpy."""
 import contextlib
+from dataclasses import replace
 import math
 import os
 import subprocess
@@ -297,6 +298,68 @@ def test_a_dim_outside_the_tensor_is_a_clear_error():
         fp4.quantize(torch.tensor(1.0), "ufp4")
 
 
+def test_quantizers_take_floating_tensors_and_say_what_else_is_wrong():
+    x = torch.randn(4, 32)
+    for fn in (fp4.quantize, fp4.fake_quant, fp4.to_fp8):
+        with pytest.raises(TypeError, match=r"floating-point tensor, got torch.int32: pass x.float\(\)"):
+            fn(torch.arange(128, dtype=torch.int32).reshape(4, 32), "mxfp4")
+        for rht in (True, 16.0, 24):
+            with pytest.raises(ValueError, match="rht must be None or an RHT size"):
+                fn(x, "mxfp4", rht=rht)
+    for dtype in (torch.int32, torch.float8_e4m3fn, "bf16"):
+        with pytest.raises(TypeError, match="dtype must be None or torch.float32"):
+            fp4.fake_quant(x, "ufp4", dtype=dtype)
+        with pytest.raises(TypeError, match="dtype must be None or torch.float32"):
+            fp4.quantize_both(torch.randn(32, 32), "ufp4", dtype=dtype)
+
+
+def test_quantizers_are_not_differentiable():
+    """Both backends return tensors outside autograd (the layer's op is straight-through)."""
+    x = torch.randn(4, 32, requires_grad=True)
+    assert not fp4.fake_quant(x, "ufp4", rht=16).requires_grad
+    q = fp4.quantize(x, "nvfp4")
+    assert not q.scales.requires_grad and not q.tensor_scale.requires_grad
+
+
+def test_empty_tensors_quantize_in_every_scale_kind():
+    for name in ("ufp4", "nvfp4", "mxfp4"):
+        q = fp4.quantize(torch.empty(0, 32), name)
+        assert q.codes.shape == (0, 16) and fp4.dequantize(q).shape == (0, 32)
+        assert q.tensor_scale is None or q.tensor_scale.item() == 1.0  # as for an all-zero tensor
+        assert fp4.fake_quant(torch.empty(0, 32), name).shape == (0, 32)
+
+
+def test_dequantize_checks_the_qtensor_it_is_given():
+    x = torch.randn(4, 64)
+    q = fp4.quantize(x, "mxfp4")
+    assert torch.equal(fp4.dequantize(q), fp4.fake_quant(x, "mxfp4"))
+    for bad in (replace(q, scales=q.scales[:, :1]), replace(q, shape=(4, 32)),
+                replace(q, codes=q.codes.float()), replace(q, fmt=fp4.get_format("ufp4"))):
+        for fn in (fp4.dequantize, fp4.fp8_from_packed):
+            with pytest.raises(ValueError, match="QTensor of shape"):
+                fn(bad)
+    with pytest.raises(TypeError, match="expected an fp4.QTensor"):
+        fp4.dequantize(torch.zeros(4, 32))
+
+
+def test_fp4_linear_checks_shapes_and_counts():
+    W, W3 = torch.randn(32, 64), torch.randn(2, 32, 64)
+    with pytest.raises(ValueError, match=r"x \[T, in\] and weight \[out, in\]; got x \(64,\).*reshape x to 2D"):
+        fp4.fp4_linear(torch.randn(64), W, "ufp4")
+    with pytest.raises(ValueError, match=r"got x \(4, 48\) and weight \(32, 64\)"):
+        fp4.fp4_linear(torch.randn(4, 48), W, "ufp4")
+    with pytest.raises(ValueError, match=r"weight \[out, in\]; got x \(4, 64\) and weight \(2, 32, 64\)"):
+        fp4.fp4_linear(torch.randn(4, 64), W3, "nvfp4")
+    x = torch.randn(4, 64)
+    for counts, err, match in (([1, 1], ValueError, "sum to the rows of x"), ([-1, 5], ValueError, "non-negative"),
+                               ([4], ValueError, "one row count per group"), ([2.0, 2.0], TypeError, "integers")):
+        with pytest.raises(err, match=match):
+            fp4.fp4_linear(x, W3, "nvfp4", counts=counts)
+    with pytest.raises(ValueError, match="one row count per group"):
+        fp4.fp4_linear(x, W, "nvfp4", counts=[4])
+    assert fp4.fp4_linear(x, W3, "nvfp4", counts=[3, 1]).shape == (4, 32)
+
+
 def test_grouped_linear_checks_its_counts():
     g = fp4.GroupedLinear(4, 32, 64, recipe="ufp4")
     x = torch.randn(40, 32)
@@ -428,6 +491,23 @@ def test_make_recipe_ablations():
     with pytest.raises(ValueError, match="rht_size"):
         fp4.make_recipe("ufp4", rht_size=24)
     assert fp4.make_recipe("mxfp4", rht="wgrad/fprop") == fp4.make_recipe("mxfp4", rht="fprop,wgrad")
+
+
+def test_recipe_fields_take_their_own_types():
+    """A string or a number where a switch belongs is an error, not a switch turned on."""
+    for kw in (dict(sr_dy="no"), dict(weight_2d="no"), dict(fp8_gemm="yes"), dict(bf16_first="2"),
+               dict(bf16_last=True)):
+        with pytest.raises(TypeError, match="must be (bool|int), got"):
+            fp4.make_recipe("nvfp4", **kw)
+    with pytest.raises(ValueError, match=">= 0"):
+        fp4.make_recipe("ufp4", bf16_first=-1)
+    with pytest.raises(ValueError, match="bf16_last_fraction"):
+        fp4.Recipe("x", bf16_last_fraction=2.0)
+    with pytest.raises(ValueError, match="unknown format 'foo'"):
+        fp4.Recipe("x", fprop=fp4.Gemm("foo"))
+    assert fp4.make_recipe("mxfp4", rht=["fprop", "wgrad"]) == fp4.make_recipe("mxfp4", rht="fprop,wgrad")
+    with pytest.raises(TypeError, match="list of GEMMs"):
+        fp4.make_recipe("mxfp4", rht=True)
 
 
 @pytest.mark.parametrize("field, bad, match", [("fp8_wgrad_x", "e4m3", "'packed'"), ("rht_size", 24, "rht_size"),
@@ -749,6 +829,11 @@ def test_convert_keeps_named_modules_and_what_they_hold():
         linears = {n: type(mod) for n, mod in m.blocks[0].named_modules()
                    if isinstance(mod, nn.Linear)}
         assert {n for n, t in linears.items() if t is nn.Linear} == kept, (keep, linears)
+    m = fp4.convert(GPT(GPTConfig(**cfg)), "ufp4", keep="attn.qkv")  # one name, not its letters
+    assert type(m.blocks[0].attn.qkv) is nn.Linear and type(m.blocks[0].attn.proj) is fp4.FP4Linear
+    for key in ("keep", "keep_x"):
+        with pytest.raises(ValueError, match=r"\['attn.qvk'\] match no module"):
+            fp4.convert(GPT(GPTConfig(**cfg)), "ufp4", **{key: ["attn.qvk"]})
     moe = fp4.convert(GPT(GPTConfig(**cfg, n_expert=4)), "ufp4")  # GPT's own fp4_keep, fp4_keep_x
     assert type(moe.blocks[0].mlp.router) is nn.Linear, "the router stays bf16"
     assert not moe.blocks[0].attn.proj.pack_x and moe.blocks[0].attn.qkv.pack_x

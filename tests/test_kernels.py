@@ -1157,6 +1157,32 @@ def test_fp8_experts_through_kernels(monkeypatch):
     assert calls == [fp4.E4M3, fp4.E5M2, fp4.E5M2] * 2  # Fprop's x, Dgrad's dy, Wgrad's dy^T
 
 
+def test_bad_input_gives_the_references_errors():
+    """The kernels' entry points refuse what fp4.py refuses, with its messages."""
+    ints = torch.arange(64 * 64, dtype=torch.int32).reshape(64, 64)
+    x = torch.randn(64, 64)
+    for mod in (kernels, fp4):
+        for fn in (mod.quantize, mod.fake_quant, mod.to_fp8, mod.quantize_both):
+            with pytest.raises(TypeError, match="floating-point tensor"):
+                fn(ints, "mxfp4")
+            with pytest.raises(ValueError, match="rht must be None or an RHT size"):
+                fn(x, "mxfp4", rht=True)
+        for fn in (mod.fake_quant, mod.quantize_both):
+            with pytest.raises(TypeError, match="dtype must be None"):
+                fn(x, "mxfp4", dtype=torch.int32)
+        q = fp4.quantize(x, "mxfp4")
+        for fn in (mod.dequantize, mod.fp8_from_packed):
+            with pytest.raises(ValueError, match="QTensor of shape"):
+                fn(dataclasses.replace(q, scales=q.scales[:, :1]))
+
+
+def test_empty_tensors_match_the_reference():
+    for name in ("ufp4", "nvfp4", "mxfp4"):
+        e = torch.empty(0, 64)
+        assert_qtensor(kernels.quantize(e, name), fp4.quantize(e, name), name)
+        assert kernels.fake_quant(e, name).shape == fp4.fake_quant(e, name).shape == (0, 64)
+
+
 def test_quantize_both_rejects_a_side_both_packed_and_fp8():
     for mod in (kernels, fp4):
         with pytest.raises(ValueError, match="packed or FP8"):
