@@ -57,6 +57,16 @@ def check_args(args, extra):
     specs = [r for r in args.recipes.split(",") if r]
     if not specs:
         raise ValueError("--recipes is empty: give a comma list, e.g. --recipes=bf16,ufp4")
+    twice = sorted({r for r in specs if specs.count(r) > 1})
+    if twice:
+        raise ValueError(f"--recipes names {twice} more than once: each recipe gets one row "
+                         f"(for repeats use --rounds)")
+    for k in range(args.rounds):
+        for spec in specs:
+            kept = [f for f in CHECKPOINT_FILES if os.path.exists(os.path.join(recipe_dir(args, k, spec), f))]
+            if kept:  # bench's own runs write no checkpoint: these are another run's
+                raise ValueError(f"{recipe_dir(args, k, spec)} holds another run's {', '.join(kept)}, "
+                                 f"which bench.py would delete: pick another --out")
     own = sorted({a[2:].split("=")[0] for a in extra if a.startswith("--")} & set(OWN_KEYS))
     if own:
         raise ValueError(f"{', '.join('--' + k for k in own)}: set by bench.py itself (the run's "
@@ -67,6 +77,14 @@ def check_args(args, extra):
         except train.ConfigError as e:
             raise ValueError(f"recipe {spec!r}: {e}") from None
     return specs
+
+
+CHECKPOINT_FILES = ("ckpt.pt", "ckpt_best.pt", "ckpt_prev.pt", "model.safetensors")
+
+
+def recipe_dir(args, k, spec):
+    """Where round k (from 0) of one recipe runs: OUT/<recipe>, or OUT/round<k+1>/<recipe>."""
+    return os.path.join(args.out, *([f"round{k + 1}"] if args.rounds > 1 else []), spec.replace("/", "_"))
 
 
 def bench_one(config, spec, warmup, iters, out_dir, extra):
@@ -111,8 +129,7 @@ def run_rounds(args, recipes, extra):
     for k in range(args.rounds):
         for r in (recipes if k % 2 == 0 else recipes[::-1]):
             print(f"--- {r}" + (f" (round {k + 1} of {args.rounds})" if args.rounds > 1 else ""), flush=True)
-            out = os.path.join(args.out, *([f"round{k + 1}"] if args.rounds > 1 else []), r.replace("/", "_"))
-            runs[r].append(bench_one(args.config, r, args.warmup, args.iters, out, extra))
+            runs[r].append(bench_one(args.config, r, args.warmup, args.iters, recipe_dir(args, k, r), extra))
     return [combine(runs[r]) for r in recipes]
 
 

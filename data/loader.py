@@ -22,12 +22,19 @@ class BinLoader:
         if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
             raise ValueError(f"{self.path} is {'missing' if not os.path.exists(self.path) else 'empty'}: "
                              f"prepare the dataset again")
+        size = os.path.getsize(self.path)
+        meta = load_meta(data_dir) if os.path.exists(os.path.join(data_dir, "meta.json")) else None
+        want = meta.get(f"{split}_tokens") if meta else None
+        if size % 2 or (want is not None and size // 2 != want):  # a cut or foreign file
+            raise ValueError(f"{self.path} has {size:,} bytes" + (f", not the {2 * want:,} of the "
+                             f"{want:,} tokens meta.json records" if want is not None else
+                             ", not whole uint16 tokens") + ": prepare the dataset again")
         self.tokens = np.memmap(self.path, dtype=np.uint16, mode="r")
         if len(self.tokens) < block_size + 1:
             raise ValueError(f"{self.path} has {len(self.tokens)} tokens, fewer than one window of "
                              f"block_size + 1 = {block_size + 1}: use a smaller block_size or more data")
-        if os.path.exists(os.path.join(data_dir, "meta.json")):
-            vocab_size = load_meta(data_dir)["vocab_size"]
+        if meta is not None:
+            vocab_size = meta["vocab_size"]
             largest = int(self.tokens.max())  # one pass over the file, once
             if largest >= vocab_size:
                 raise ValueError(f"{self.path} holds token id {largest}, but meta.json says vocab_size is "

@@ -10,6 +10,7 @@ import sys
 
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from data import DATASETS
 from data.common import clean_text, read_text_file, sha256_file, write_dataset
 
 
@@ -27,6 +28,12 @@ if __name__ == "__main__":
     parser.add_argument("--tokenizer", choices=["char", "gpt2"], default="gpt2")
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
+    name = os.path.basename(os.path.normpath(args.out))
+    if name in DATASETS:  # train.py would take that text for the named dataset
+        sys.exit(f"error: {name!r} is a named dataset, which its own data/{name}/prepare.py builds; "
+                 f"give your text another name, e.g. --out data/my_{name}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        sys.exit(f"error: --out {args.out} is a file: give a folder")
     try:
         meta = prepare(args.input, args.out, args.tokenizer, args.val_fraction)
     except (ValueError, RuntimeError, OSError) as e:

@@ -61,13 +61,19 @@ def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "ckpt.pt").write_bytes(b"a run")
+    (tmp_path / "runs" / "ufp4").mkdir(parents=True)
+    (tmp_path / "runs" / "ufp4" / "ckpt.pt").write_bytes(b"a run")
     config = tmp_path / "tiny.py"
     config.write_text("n_layer = 2\n")
     for args, msg in (([f"--out_dir={victim}"], "--out_dir: set by bench.py itself"),
                       (["--recipes=fp5"], "unknown recipe 'fp5'"), (["--recipes="], "empty"),
                       (["--iters=0"], "--iters >= 1"), (["--warmup=-1"], "--warmup must be >= 0"),
                       (["--rounds=0"], "--rounds must be >= 1"),
-                      (["--recipes=bf16,ufp4+recipe_format=foo"], "unknown format 'foo'")):
+                      (["--recipes=bf16,ufp4+recipe_format=foo"], "unknown format 'foo'"),
+                      (["--recipes=bf16,ufp4,bf16"], r"names \['bf16'\] more than once"),
+                      ([f"--out={tmp_path / 'runs'}", "--recipes=bf16,ufp4"],
+                       r"runs/ufp4 holds another run's ckpt.pt, which bench.py would delete")):
         with pytest.raises(SystemExit, match=msg):
             bench.main([str(config), f"--out={tmp_path / 'bench'}"] + args)
     assert (victim / "ckpt.pt").read_bytes() == b"a run" and not (tmp_path / "bench").exists()
+    assert (tmp_path / "runs" / "ufp4" / "ckpt.pt").read_bytes() == b"a run"

@@ -557,3 +557,28 @@ def test_empty_bin_file_is_a_clear_error(tmp_path):
     (tmp_path / "train.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=r"train.bin is empty: prepare the dataset again"):
         BinLoader(str(tmp_path), "train", 4, 2, seed=0)
+
+
+def test_a_cut_or_foreign_bin_file_is_a_clear_error(tmp_path):
+    """A train.bin that does not hold the tokens meta.json records would train on other data."""
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 500, "train_tokens": 100}))
+    assert len(BinLoader(str(tmp_path), "train", 4, 2, seed=0).tokens) == 100
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 500, "train_tokens": 4000}))
+    with pytest.raises(ValueError, match=r"train.bin has 200 bytes, not the 8,000 of the 4,000 tokens "
+                                         r"meta.json records: prepare the dataset again"):
+        BinLoader(str(tmp_path), "train", 4, 2, seed=0)
+    (tmp_path / "train.bin").write_bytes(b"\x00" * 201)
+    (tmp_path / "meta.json").unlink()
+    with pytest.raises(ValueError, match="201 bytes, not whole uint16 tokens"):
+        BinLoader(str(tmp_path), "train", 4, 2, seed=0)
+
+
+def test_generic_prepare_script_leaves_named_datasets_alone(tmp_path):
+    a = tmp_path / "a.txt"
+    a.write_text("To be, or not to be, that is the question\n")
+    for out, msg in ((tmp_path / "data" / "shakespeare_char", "is a named dataset"), (a, "is a file")):
+        r = subprocess.run([sys.executable, os.path.join(REPO, "data", "prepare.py"), "--input", str(a),
+                            "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 1 and msg in r.stderr, r.stderr
+    assert not (tmp_path / "data").exists()
