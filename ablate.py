@@ -1090,11 +1090,13 @@ def _ms(xs):
     xs = [x for x in xs if x == x]
     if not xs:
         return None
-    return (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    return (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else None)  # one seed: no spread
 
 
 def _fmt(ms, digits=4):
-    return "-" if ms is None else f"{ms[0]:.{digits}f} ± {ms[1]:.{digits}f}"
+    if ms is None:
+        return "-"
+    return f"{ms[0]:.{digits}f} ± " + ("-" if ms[1] is None else f"{ms[1]:.{digits}f}")
 
 
 def plot_seeds(runs, arms, seeds, path):
@@ -1208,6 +1210,14 @@ def build_parser():
     return p
 
 
+def check_archive(path, flag, p):
+    """An archive named by --runs or --merge: a .tar.gz that `ablate.py pack` wrote (else p.error)."""
+    import tarfile
+    if path and not (os.path.isfile(path) and tarfile.is_tarfile(path)):
+        p.error(f"{flag}={path}: " + ("not a tar archive" if os.path.isfile(path) else "no such file")
+                + " (give a .tar.gz that `ablate.py pack` wrote)")
+
+
 def main(argv):
     if argv and argv[0] not in ("fork", "report", "seeds", "pack") and os.path.isfile(argv[0]):
         print("note: no subcommand: running `ablate.py seeds` (seed-per-arm); the forked design is "
@@ -1218,13 +1228,19 @@ def main(argv):
     if args.cmd == "pack":
         if extra:
             p.error(f"pack takes only --out, --to and --merge, got {extra}")
+        if not os.path.isdir(args.out):
+            p.error(f"--out={args.out}: no such folder, nothing to pack")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.to))):
+            p.error(f"--to={args.to}: its folder does not exist")
+        check_archive(args.merge, "--merge", p)
         return pack(args.out, args.to, args.merge)
     if args.cmd == "report":
         if extra:
             p.error(f"report takes only --out, --runs and --ref, got {extra}")
+        if args.ref not in ARMS:  # before the report replaces the summary it has
+            p.error(f"--ref={args.ref!r} is not an arm; valid arms: {sorted(ARMS)}")
         if args.runs:
-            if not os.path.isfile(args.runs):
-                p.error(f"--runs={args.runs}: no such file (a .tar.gz that `ablate.py pack` wrote)")
+            check_archive(args.runs, "--runs", p)
             report_packed(args.runs, args.out, args.ref)
         elif os.path.isdir(os.path.join(args.out, "forks")):
             fork_report(args.out, args.ref)

@@ -31,6 +31,7 @@ import sys
 import torch
 
 import fp4
+from checkpoint import CheckpointError
 
 
 def draw_grids(path):
@@ -119,7 +120,7 @@ def load_model(ckpt_path, device="cpu"):
     import train
     from data.loader import BinLoader
     from model import GPT, GPTConfig
-    ckpt, _ = train.load_checkpoint(ckpt_path, map_location=device)
+    ckpt, _ = train.load_checkpoint(ckpt_path, map_location=device, flag="--ckpt")
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(ckpt["model"])
     model.to(device).eval()
@@ -636,6 +637,13 @@ def main(argv):
     ms = sub.add_parser("mechanism_summary", help="summary.md of every checkpoint's mechanism json in --out")
     ms.add_argument("--out", default="results/mechanism", help="the folder `mechanism` wrote to")
     args = p.parse_args(argv)
+    try:
+        run_command(args, p)
+    except CheckpointError as e:  # a missing or damaged --ckpt: its message says which and why
+        sys.exit(f"error: {e}")
+
+
+def run_command(args, p):
     if args.cmd == "grids":
         draw_grids(args.out)
     elif args.cmd == "tensors":

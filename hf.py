@@ -90,7 +90,12 @@ def load_weights(path):
 def read_safetensors(path):
     """A save_weights file that carries model_args (and maybe recipe, iter_num, the dataset's
     meta) in its metadata, as a checkpoint dict."""
-    state, meta = load_weights(path)
+    from safetensors import SafetensorError
+    try:
+        state, meta = load_weights(path)
+    except SafetensorError as e:
+        raise HFError(f"cannot read {path} ({e}): a cut or damaged file; export the run's "
+                      f"ckpt.pt instead, or save the weights again") from None
     if "model_args" not in meta:
         raise HFError(f"{path} has no model_args in its metadata: export its ckpt.pt instead")
     info = {k: json.loads(meta[k]) for k in ("model_args", "meta", "iter_num") if k in meta}
@@ -212,6 +217,8 @@ def export(src, hf_dir, dtype="float32"):
     from safetensors.torch import save_file
     if dtype not in ("float32", "bfloat16"):
         raise HFError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
+        raise HFError(f"{hf_dir} is a file: export into a folder")
     if os.path.exists(os.path.join(hf_dir, "ckpt.pt")):
         raise HFError(f"{hf_dir} holds a nanoFP4 run (ckpt.pt): export into a folder of its own, "
                       f"e.g. hf/{os.path.basename(os.path.normpath(hf_dir))}")

@@ -39,9 +39,10 @@ def read_records(log):
     """The records of the last run in a log. Lines cut by a kill are skipped. A scratch run that
     appended to an old run's log restarts the iteration count: only the records from there on
     are kept (a resumed run continues the count, so it stays one run)."""
-    records = []
-    with open(log) as f:
+    records, lines = [], 0
+    with open(log, encoding="utf-8", errors="replace") as f:  # a binary file: no records, no crash
         for line in f:
+            lines += bool(line.strip())
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
@@ -56,7 +57,8 @@ def read_records(log):
             start, top = i, rec["iter"]
         top = max(top, rec["iter"])
     if not records:
-        raise PlotError(f"{log} holds no records yet: nothing to plot")
+        raise PlotError(f"{log} holds no records yet: nothing to plot" if not lines else
+                        f"{log} holds {lines} lines but no train.py record: not a train.py log.jsonl")
     return records[start:]
 
 def series(records, kind, key):

@@ -250,6 +250,9 @@ def check_config(cfg):
     if init.startswith("hf:") and not os.path.isfile(os.path.join(init[3:], "config.json")):
         raise ConfigError(f"init_from={init!r}: {init[3:]} holds no config.json: name a local "
                           f"Hugging Face model directory")
+    if cfg["resume_from"] and init != "resume":
+        raise ConfigError(f"resume_from={cfg['resume_from']!r} is read only with --init_from=resume "
+                          f"(init_from is {init!r}): add that, or drop --resume_from")
     make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
     if cfg["eval_only"] and init == "scratch":
         raise ConfigError("eval_only=True would evaluate a freshly initialized model: add "

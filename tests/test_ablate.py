@@ -5,6 +5,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -464,3 +465,34 @@ def test_the_committed_fork_tables_are_what_the_committed_runs_give(tmp_path, na
     assert json.load(open(tmp_path / "summary.json")) == json.load(open(os.path.join(committed, "summary.json")))
     assert (open(tmp_path / "summary.md").read().splitlines()[1:]
             == open(os.path.join(committed, "summary.md")).read().splitlines()[1:])
+
+
+def test_report_refuses_an_unknown_ref_before_replacing_the_summary(tmp_path):
+    out = str(tmp_path / "fork")
+    fake_sitting(out, {0: {"e2m1": 0.02, "ufp4": 0.015}})
+    ablate.main(["report", f"--out={out}"])
+    before = open(os.path.join(out, "summary.md")).read()
+    with pytest.raises(SystemExit):
+        ablate.main(["report", f"--out={out}", "--ref=foo"])
+    assert open(os.path.join(out, "summary.md")).read() == before
+
+
+def test_one_seed_has_no_spread():
+    assert ablate._fmt(ablate._ms([4.36])) == "4.3600 ± -"
+    assert ablate._fmt(ablate._ms([1.0, 3.0]), 1) == "2.0 ± 1.4"
+
+
+def test_pack_and_report_check_their_paths_and_archives(tmp_path, capsys):
+    out = str(tmp_path / "fork")
+    fake_sitting(out, {0: {"e2m1": 0.02, "ufp4": 0.015}})
+    text = tmp_path / "notes.txt"
+    text.write_text("not an archive")
+    for argv, msg in ((["pack", f"--out={tmp_path / 'none'}", f"--to={tmp_path / 'p.tgz'}"], "no such folder"),
+                      (["pack", f"--out={out}", f"--to={tmp_path / 'none' / 'p.tgz'}"], "its folder does not exist"),
+                      (["pack", f"--out={out}", f"--to={tmp_path / 'p.tgz'}", f"--merge={text}"], "--merge=.*not a tar"),
+                      (["report", f"--out={tmp_path / 'r'}", f"--runs={text}"], "--runs=.*not a tar archive"),
+                      (["report", f"--out={tmp_path / 'r'}", f"--runs={tmp_path / 'x.tgz'}"], "no such file")):
+        with pytest.raises(SystemExit):
+            ablate.main(argv)
+        assert re.search(msg, capsys.readouterr().err), argv
+    assert not os.path.exists(tmp_path / "p.tgz")

@@ -117,3 +117,11 @@ def test_committed_mechanism_summary_rebuilds_from_its_json(tmp_path):
         shutil.copy(path, tmp_path)
     analyze.mechanism_summary(str(tmp_path))
     assert open(tmp_path / "summary.md").read() == open(os.path.join(committed, "summary.md")).read()
+
+
+def test_a_missing_or_damaged_checkpoint_is_one_line(tmp_path):
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    for cmd, path, msg in (("tensors", tmp_path / "none" / "ckpt.pt", "no checkpoint at"),
+                           ("mechanism", tmp_path / "ckpt.pt", "cannot read checkpoint")):
+        with pytest.raises(SystemExit, match=f"error: {msg}"):
+            analyze.main([cmd, "--ckpt", str(path), "--out", str(tmp_path / "out"), "--device", "cpu"])

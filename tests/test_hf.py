@@ -144,6 +144,9 @@ def test_export_checks_the_checkpoint_and_keeps_out_of_run_folders(tmp_path):
     with pytest.raises(hf.HFError, match="corrupt"):
         hf.export(run, str(tmp_path / "hf"))
     assert not os.path.exists(tmp_path / "hf")
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(hf.HFError, match="is a file: export into a folder"):
+        hf.export(run, str(tmp_path / "a_file"))
 
 def hf_model(kind, tmp_path, **kw):
     """A small random transformers model saved to a folder, its weights perturbed."""
@@ -231,6 +234,10 @@ def test_export_from_a_safetensors_file_with_model_args(tmp_path):
     hf.save_weights(model.state_dict(), str(tmp_path / "bare.safetensors"))
     with pytest.raises(hf.HFError, match="no model_args"):
         hf.export(str(tmp_path / "bare.safetensors"), str(tmp_path / "hf2"))
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(open(path, "rb").read()[:100])
+    with pytest.raises(hf.HFError, match="a cut or damaged file"):
+        hf.export(str(cut), str(tmp_path / "hf3"))
 
 # -----------------------------------------------------------------------------
 # train.py's init_from="hf:DIR" and its model.safetensors (run once train.py has them)

@@ -102,6 +102,10 @@ def test_missing_or_empty_log_is_a_one_line_error(tmp_path):
         json.dumps(dict(type="nonfinite", iter=3, loss=None, grad_norm=None)) + "\n")
     with pytest.raises(plot.PlotError, match="no train or eval records"):
         plot.plot_run(str(tmp_path / "tel"))
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "log.jsonl").write_bytes(bytes(range(256)) * 4 + b"\n{not json\n")
+    with pytest.raises(plot.PlotError, match=r"holds \d+ lines but no train.py record"):
+        plot.plot_run(str(tmp_path / "bin"))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "plot.py"), str(tmp_path / "nothing"),
                         str(tmp_path / "empty")], capture_output=True, text=True)
     assert r.returncode == 1 and r.stdout == ""

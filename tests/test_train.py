@@ -93,6 +93,7 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--init_from=hf:", "init_from='hf:': use"),
     ("--init_from=hf:no/such/dir", "no/such/dir holds no config.json"),
     ("--peak_tflops=-1.0", "peak_tflops=-1.0 is out of range"),
+    ("--resume_from=out/a/ckpt.pt", "is read only with --init_from=resume"),
 ])
 def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
