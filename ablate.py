@@ -1152,6 +1152,8 @@ def seeds_main(args, extra, parser):
         parser.error(f"unexpected arguments {bad}; train.py overrides look like --key=value")
     seeds = parse_ints(args.seeds, "seeds", parser)
     out = args.out or os.path.join("out", "ablate_" + os.path.splitext(os.path.basename(args.config))[0])
+    if args.report_only and not find_seed_runs(out)[0]:
+        parser.error(f"--report_only: no runs found in {out}")
     os.makedirs(out, exist_ok=True)
     left = []
     if not args.report_only:
@@ -1253,6 +1255,8 @@ def main(argv):
     args.arms = expand_arms(args.arms, p)
     if args.parallel < 1:
         p.error("--parallel must be at least 1")
+    if getattr(args, "stop_after", 0) < 0:
+        p.error(f"--stop_after must be >= 0 seconds (0: never stop), got {args.stop_after}")
     if getattr(args, "eval_iters", 0) < 0:
         p.error(f"--eval_iters must be >= 1 (0: the config's), got {args.eval_iters}")
     if getattr(args, "gpus", "") and not _has_cuda():

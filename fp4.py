@@ -486,8 +486,8 @@ def rht_matrix(n, device=None):
 def rht_transform(x, n=16, dim=-1):
     """x Q on n-chunks along dim, in fp32. A butterfly (fast Walsh-Hadamard) rather than a
     matmul, so that every implementation that adds in the same order gets the same bits."""
-    if n not in RHT_SIZES:
-        raise ValueError(f"RHT size must be one of {RHT_SIZES}, got {n}")
+    if isinstance(n, bool) or not isinstance(n, int) or n not in RHT_SIZES:
+        raise ValueError(f"RHT size must be one of {RHT_SIZES}, got {n!r}")
     x = x.float().movedim(dim, -1)
     shape = x.shape
     if shape[-1] % n:

@@ -496,3 +496,13 @@ def test_pack_and_report_check_their_paths_and_archives(tmp_path, capsys):
             ablate.main(argv)
         assert re.search(msg, capsys.readouterr().err), argv
     assert not os.path.exists(tmp_path / "p.tgz")
+
+
+def test_seeds_report_only_and_stop_after_are_checked(tmp_path, capsys):
+    cfg = os.path.join(ROOT, "configs", "gpt_ufp4.py")
+    for argv, msg in ((["seeds", cfg, f"--out={tmp_path / 'none'}", "--report_only"], "no runs found"),
+                      (["seeds", cfg, f"--out={tmp_path / 'x'}", "--stop_after=-5"], "--stop_after must be >= 0")):
+        with pytest.raises(SystemExit):
+            ablate.main(argv)
+        assert msg in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "none")

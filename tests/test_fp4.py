@@ -306,6 +306,9 @@ def test_quantizers_take_floating_tensors_and_say_what_else_is_wrong():
         for rht in (True, 16.0, 24):
             with pytest.raises(ValueError, match="rht must be None or an RHT size"):
                 fn(x, "mxfp4", rht=rht)
+    for n in (True, 16.0, 24):
+        with pytest.raises(ValueError, match="RHT size must be one of"):
+            fp4.rht_transform(x, n)
     for dtype in (torch.int32, torch.float8_e4m3fn, "bf16"):
         with pytest.raises(TypeError, match="dtype must be None or torch.float32"):
             fp4.fake_quant(x, "ufp4", dtype=dtype)
