@@ -29,6 +29,7 @@ import sys
 
 import torch
 
+import checkpoint
 import train
 
 
@@ -79,7 +80,7 @@ def check_args(args, extra):
     return specs
 
 
-CHECKPOINT_FILES = ("ckpt.pt", "ckpt_best.pt", "ckpt_prev.pt", "model.safetensors")
+CHECKPOINT_FILES = (checkpoint.LATEST, checkpoint.BEST, checkpoint.PREVIOUS, checkpoint.WEIGHTS)
 
 
 def recipe_dir(args, k, spec):

@@ -202,12 +202,14 @@ def blocked_dim(x, dim):
                          f"(valid: {-x.dim()} to {x.dim() - 1})")
     return dim % x.dim()
 
-def check_blockable(x, fmt, dim, rht):
-    """Raise, with the fix, unless x can be quantized in fmt's blocks along dim with RHT size rht."""
+def check_blockable(x, fmt, dim, rht, rht_name="rht"):
+    """Raise, with the fix, unless x can be quantized in fmt's blocks along dim with RHT size rht
+    (the argument rht_name: quantize_both's column side has its own)."""
     if not x.is_floating_point():
         raise TypeError(f"quantizers take a floating-point tensor, got {x.dtype}: pass x.float()")
     if rht is not None and (isinstance(rht, bool) or not isinstance(rht, int) or rht not in RHT_SIZES):
-        raise ValueError(f"rht must be None or an RHT size in {RHT_SIZES}, got {rht!r}")
+        raise ValueError(f"{rht_name} must be None or a Python int RHT size in {RHT_SIZES}, got "
+                         f"{rht!r} ({type(rht).__name__})")
     K = x.shape[dim]
     for n, what in ((fmt.block, f"block size of format {fmt.name!r}"), (rht or 1, "RHT size")):
         if K % n != 0:
@@ -331,7 +333,7 @@ def quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed, dtype=None):
     fmt_col = get_format(fmt_col) if fmt_col is not None else fmt
     rht_col = rht if rht_col == "same" else rht_col
     check_blockable(x, fmt, 1, rht)
-    check_blockable(x, fmt_col, 0, rht_col)
+    check_blockable(x, fmt_col, 0, rht_col, "rht_col")
     check_out_dtype(dtype)
     pr, pc = _per_side(packed, bool, "packed")
     return fmt, fmt_col, rht, rht_col, pr, pc
@@ -622,6 +624,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
         on = _gemm_names(rht, "rht")
         gemms = {g: replace(v, rht=g in on) for g, v in gemms.items()}
     if sr_dy is not None:
+        if not isinstance(sr_dy, bool):
+            raise TypeError(f"sr_dy must be bool, got {sr_dy!r}")
         gemms["dgrad"] = replace(gemms["dgrad"], sr_a=sr_dy)
         gemms["wgrad"] = replace(gemms["wgrad"], sr_a=sr_dy)
     changes = dict(gemms)

@@ -39,16 +39,17 @@ def read_records(log):
     """The records of the last run in a log. Lines cut by a kill are skipped. A scratch run that
     appended to an old run's log restarts the iteration count: only the records from there on
     are kept (a resumed run continues the count, so it stays one run)."""
-    records, lines = [], 0
+    records, other = [], 0  # other: lines that are no train.py record (a killed run cuts one)
     with open(log, encoding="utf-8", errors="replace") as f:  # a binary file: no records, no crash
         for line in f:
-            lines += bool(line.strip())
+            other += bool(line.strip())
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if isinstance(rec, dict) and isinstance(rec.get("iter"), (int, float)):
                 records.append(rec)
+                other -= 1
     start, top = 0, -math.inf
     for i, rec in enumerate(records):
         if rec.get("type") not in ("train", "eval"):
@@ -57,8 +58,8 @@ def read_records(log):
             start, top = i, rec["iter"]
         top = max(top, rec["iter"])
     if not records:
-        raise PlotError(f"{log} holds no records yet: nothing to plot" if not lines else
-                        f"{log} holds {lines} lines but no train.py record: not a train.py log.jsonl")
+        raise PlotError(f"{log} holds no records yet: nothing to plot" if other <= 1 else
+                        f"{log} holds {other} lines and no train.py record: not a train.py log.jsonl")
     return records[start:]
 
 def series(records, kind, key):

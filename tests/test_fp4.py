@@ -304,8 +304,10 @@ def test_quantizers_take_floating_tensors_and_say_what_else_is_wrong():
         with pytest.raises(TypeError, match=r"floating-point tensor, got torch.int32: pass x.float\(\)"):
             fn(torch.arange(128, dtype=torch.int32).reshape(4, 32), "mxfp4")
         for rht in (True, 16.0, 24):
-            with pytest.raises(ValueError, match="rht must be None or an RHT size"):
+            with pytest.raises(ValueError, match="rht must be None or a Python int RHT size"):
                 fn(x, "mxfp4", rht=rht)
+    with pytest.raises(ValueError, match="rht_col must be None"):
+        fp4.quantize_both(torch.randn(32, 32), "ufp4", rht=16, rht_col=24)
     for n in (True, 16.0, 24):
         with pytest.raises(ValueError, match="RHT size must be one of"):
             fp4.rht_transform(x, n)
@@ -317,7 +319,8 @@ def test_quantizers_take_floating_tensors_and_say_what_else_is_wrong():
 
 
 def test_quantizers_are_not_differentiable():
-    """Both backends return tensors outside autograd (the layer's op is straight-through)."""
+    """The reference returns tensors outside autograd, as the kernels do (the layer's op is
+    straight-through); the kernels' side: test_kernels.py."""
     x = torch.randn(4, 32, requires_grad=True)
     assert not fp4.fake_quant(x, "ufp4", rht=16).requires_grad
     q = fp4.quantize(x, "nvfp4")
@@ -500,7 +503,7 @@ def test_recipe_fields_take_their_own_types():
     """A string or a number where a switch belongs is an error, not a switch turned on."""
     for kw in (dict(sr_dy="no"), dict(weight_2d="no"), dict(fp8_gemm="yes"), dict(bf16_first="2"),
                dict(bf16_last=True)):
-        with pytest.raises(TypeError, match="must be (bool|int), got"):
+        with pytest.raises(TypeError, match="(sr_dy|weight_2d|fp8_gemm|bf16_first|bf16_last) must be (bool|int), got"):
             fp4.make_recipe("nvfp4", **kw)
     with pytest.raises(ValueError, match=">= 0"):
         fp4.make_recipe("ufp4", bf16_first=-1)

@@ -1165,7 +1165,7 @@ def test_bad_input_gives_the_references_errors():
         for fn in (mod.quantize, mod.fake_quant, mod.to_fp8, mod.quantize_both):
             with pytest.raises(TypeError, match="floating-point tensor"):
                 fn(ints, "mxfp4")
-            with pytest.raises(ValueError, match="rht must be None or an RHT size"):
+            with pytest.raises(ValueError, match="rht must be None or a Python int RHT size"):
                 fn(x, "mxfp4", rht=True)
         for fn in (mod.fake_quant, mod.quantize_both):
             with pytest.raises(TypeError, match="dtype must be None"):
@@ -1174,6 +1174,12 @@ def test_bad_input_gives_the_references_errors():
         for fn in (mod.dequantize, mod.fp8_from_packed):
             with pytest.raises(ValueError, match="QTensor of shape"):
                 fn(dataclasses.replace(q, scales=q.scales[:, :1]))
+
+
+def test_kernel_outputs_are_outside_autograd():
+    x = torch.randn(64, 64, requires_grad=True)
+    assert not kernels.fake_quant(x, "ufp4", rht=16).requires_grad
+    assert not kernels.quantize(x, "nvfp4").tensor_scale.requires_grad
 
 
 def test_empty_tensors_match_the_reference():

@@ -104,8 +104,12 @@ def test_missing_or_empty_log_is_a_one_line_error(tmp_path):
         plot.plot_run(str(tmp_path / "tel"))
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "log.jsonl").write_bytes(bytes(range(256)) * 4 + b"\n{not json\n")
-    with pytest.raises(plot.PlotError, match=r"holds \d+ lines but no train.py record"):
+    with pytest.raises(plot.PlotError, match=r"holds \d+ lines and no train.py record"):
         plot.plot_run(str(tmp_path / "bin"))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "log.jsonl").write_text('{"type": "train", "it')  # killed mid-line
+    with pytest.raises(plot.PlotError, match="no records yet"):
+        plot.plot_run(str(tmp_path / "cut"))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "plot.py"), str(tmp_path / "nothing"),
                         str(tmp_path / "empty")], capture_output=True, text=True)
     assert r.returncode == 1 and r.stdout == ""
