@@ -64,9 +64,10 @@ def check_args(args, extra):
                          f"(for repeats use --rounds)")
     for k in range(args.rounds):
         for spec in specs:
-            kept = [f for f in CHECKPOINT_FILES if os.path.exists(os.path.join(recipe_dir(args, k, spec), f))]
+            d = recipe_dir(args, k, spec)
+            kept = [f for f in CHECKPOINT_FILES if os.path.exists(os.path.join(d, f))]
             if kept:  # bench's own runs write no checkpoint: these are another run's
-                raise ValueError(f"{recipe_dir(args, k, spec)} holds another run's {', '.join(kept)}, "
+                raise ValueError(f"{d} holds another run's {', '.join(kept)}, "
                                  f"which bench.py would delete: pick another --out")
     own = sorted({a[2:].split("=")[0] for a in extra if a.startswith("--")} & set(OWN_KEYS))
     if own:

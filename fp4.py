@@ -207,7 +207,7 @@ def check_blockable(x, fmt, dim, rht, rht_name="rht"):
     (the argument rht_name: quantize_both's column side has its own)."""
     if not x.is_floating_point():
         raise TypeError(f"quantizers take a floating-point tensor, got {x.dtype}: pass x.float()")
-    if rht is not None and (isinstance(rht, bool) or not isinstance(rht, int) or rht not in RHT_SIZES):
+    if rht is not None and not is_rht_size(rht):
         raise ValueError(f"{rht_name} must be None or a Python int RHT size in {RHT_SIZES}, got "
                          f"{rht!r} ({type(rht).__name__})")
     K = x.shape[dim]
@@ -474,6 +474,10 @@ def fp8_inexact_blocks(values, scale, fake, fmt, dim=-1):
 RHT_SEED = 20260616
 RHT_SIZES = (16, 32, 64, 128)
 
+def is_rht_size(n):
+    """n is one of RHT_SIZES as a Python int (16.0 and True compare equal to sizes, but are not)."""
+    return isinstance(n, int) and not isinstance(n, bool) and n in RHT_SIZES
+
 def rht_signs(n, device=None):
     g = torch.Generator().manual_seed(RHT_SEED + n)
     return (torch.randint(0, 2, (n,), generator=g) * 2 - 1).float().to(device)
@@ -488,7 +492,7 @@ def rht_matrix(n, device=None):
 def rht_transform(x, n=16, dim=-1):
     """x Q on n-chunks along dim, in fp32. A butterfly (fast Walsh-Hadamard) rather than a
     matmul, so that every implementation that adds in the same order gets the same bits."""
-    if isinstance(n, bool) or not isinstance(n, int) or n not in RHT_SIZES:
+    if not is_rht_size(n):
         raise ValueError(f"RHT size must be one of {RHT_SIZES}, got {n!r}")
     x = x.float().movedim(dim, -1)
     shape = x.shape
@@ -1158,6 +1162,8 @@ def _check_shapes(x, weight, counts):
                          + (": reshape x to 2D" if x.dim() != 2 else ""))
 
 def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), aligned=False):
+    if counts is not None:
+        counts = _group_counts(x, weight, counts, _RECIPES_BY_KEY[key], aligned)
     _check_shapes(x, weight, counts)
     dtype = _compute_dtype(x)  # the autocast dtype, else fp32 (fp64 stays fp64)
     if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
@@ -1172,12 +1178,9 @@ def fp4_linear(x, weight, recipe, counts=None, tag=""):
     """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a
     preset name); with counts [E], weight [E, out, in] and x's rows sorted by group (MoE
     experts). tag: the layer's name in probe_alphas() records."""
-    recipe = make_recipe(recipe)
-    if counts is not None:
-        counts = group_counts(x, weight, counts, recipe)
-    return _apply(x, weight, counts, recipe_key(recipe), tag)
+    return _apply(x, weight, counts, recipe_key(make_recipe(recipe)), tag)
 
-def group_counts(x, weight, counts, recipe, aligned=False):
+def _group_counts(x, weight, counts, recipe, aligned=False):
     """counts (a tensor or list: the rows of each group, x sorted by group) as a long tensor on
     x's device, checked against weight [E, out, in] and x where that costs no host sync (counts on
     the CPU, eager): others give wrong gradients. aligned: as GroupedLinear.forward's."""
@@ -1307,7 +1310,6 @@ class GroupedLinear(_Quantized, nn.Module):
         return group_multiple(self.recipe, device)
 
     def forward(self, x, counts, aligned=False):
-        counts = group_counts(x, self.weight, counts, self.recipe, aligned)
         return _apply(x, self.weight, counts, self._recipe_key, self.tag, aligned=aligned)
 
     def extra_repr(self):

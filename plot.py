@@ -39,17 +39,16 @@ def read_records(log):
     """The records of the last run in a log. Lines cut by a kill are skipped. A scratch run that
     appended to an old run's log restarts the iteration count: only the records from there on
     are kept (a resumed run continues the count, so it stays one run)."""
-    records, other = [], 0  # other: lines that are no train.py record (a killed run cuts one)
+    records, lines = [], 0
     with open(log, encoding="utf-8", errors="replace") as f:  # a binary file: no records, no crash
         for line in f:
-            other += bool(line.strip())
+            lines += bool(line.strip())
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if isinstance(rec, dict) and isinstance(rec.get("iter"), (int, float)):
                 records.append(rec)
-                other -= 1
     start, top = 0, -math.inf
     for i, rec in enumerate(records):
         if rec.get("type") not in ("train", "eval"):
@@ -58,8 +57,9 @@ def read_records(log):
             start, top = i, rec["iter"]
         top = max(top, rec["iter"])
     if not records:
-        raise PlotError(f"{log} holds no records yet: nothing to plot" if other <= 1 else
-                        f"{log} holds {other} lines and no train.py record: not a train.py log.jsonl")
+        # a killed run's log may hold one cut line; more lines and no record: another file
+        raise PlotError(f"{log} holds no records yet: nothing to plot" if lines <= 1 else
+                        f"{log} holds {lines} lines and no train.py record: not a train.py log.jsonl")
     return records[start:]
 
 def series(records, kind, key):
