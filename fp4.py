@@ -28,6 +28,7 @@ Conventions used everywhere:
 import contextlib
 import functools
 import math
+import numbers
 import re
 import typing
 from dataclasses import dataclass, replace
@@ -226,6 +227,21 @@ def check_out_dtype(dtype):
         raise TypeError(f"dtype must be None or torch.float32, bfloat16, float16 or float64, got "
                         f"{dtype!r}; for FP8 operands use to_fp8")
 
+SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed takes
+
+def check_seed(seed, name="seed"):
+    """An SR seed: None, an int in SEED_RANGE, or a one-element integer tensor (read on the GPU
+    by the Triton path, so its range is the tensor dtype's)."""
+    if isinstance(seed, torch.Tensor):
+        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex \
+                or seed.dtype == torch.bool:
+            raise ValueError(f"a tensor {name} must be one integer, got {seed.dtype} "
+                             f"{tuple(seed.shape)}")
+    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                               or not SEED_RANGE[0] <= seed < SEED_RANGE[1]):
+        raise ValueError(f"{name} must be None, an int in [-2**63, 2**64) or a one-element "
+                         f"integer tensor, got {seed!r} ({type(seed).__name__})")
+
 def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
     """The shared core: x -> (signed grid values in blocked layout, block scales, s_enc)."""
     grid = GRIDS[fmt.grid]
@@ -242,6 +258,7 @@ def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
     scaled = blocks * s_enc / scales if s_enc is not None else blocks / scales
     scaled = scaled.masked_fill_(~(scales > 0), 0.0)  # zero blocks and NaN scales: no NaN codes
     gen = None
+    check_seed(seed)
     if rounding == "sr" and seed is not None:
         gen = torch.Generator(device=x.device).manual_seed(int(seed))
     values = round_to_grid(scaled, grid, rounding, gen).copysign_(scaled)

@@ -356,8 +356,6 @@ def _seed(seed, device):
     if seed is None:  # one draw from torch's CPU generator (the reference draws on x's device)
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
     if isinstance(seed, torch.Tensor):
-        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex:
-            raise ValueError(f"a tensor seed must be one integer, got {seed.dtype} {tuple(seed.shape)}")
         if seed.device == device:
             return seed.reshape(()).to(torch.int64)
         seed = int(seed)
@@ -1154,6 +1152,7 @@ class _Side:
 
     def __init__(self, fmt, rounding, rht, seed, device, packed, fp8=None):
         self.fmt, self.rounding, self.rht, self.packed, self.fp8 = fmt, rounding, rht, bool(packed), fp8
+        fp4.check_seed(seed)
         self.seed = _seed(seed, device) if rounding == "sr" else 0
 
 

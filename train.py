@@ -260,6 +260,10 @@ def check_config(cfg):
     if cfg["min_lr"] > cfg["learning_rate"] and cfg["lr_schedule"] != "constant":
         raise ConfigError(f"min_lr={cfg['min_lr']} is above learning_rate={cfg['learning_rate']}: "
                           f"the decay would raise the learning rate")
+    if 0 < cfg["lr_decay_iters"] <= cfg["warmup_iters"] and cfg["lr_schedule"] != "constant":
+        raise ConfigError(f"lr_decay_iters={cfg['lr_decay_iters']} is not past warmup_iters="
+                          f"{cfg['warmup_iters']}: the learning rate would drop to min_lr right "
+                          f"after warmup; raise lr_decay_iters (0 = max_iters) or lower warmup_iters")
     if os.path.basename(cfg["dataset"]) != cfg["dataset"] or cfg["dataset"] in (".", ".."):
         raise ConfigError(f"dataset={cfg['dataset']!r} must be a plain name (a folder under "
                           f"data_dir): use --data_dir for another place")
@@ -649,6 +653,9 @@ def setup_model(run):
     if run.recipe.quantized and len(kept) == c.n_layer:
         run.log(f"warning: recipe {run.recipe.name} keeps all {c.n_layer} blocks in bf16 (its "
                 f"first/last-block rule): no layer is quantized, the run is a bf16 run")
+    if not c.compile and c.compile_mode != "default":
+        run.log(f"note: compile_mode={c.compile_mode!r} has no effect with compile=False (the "
+                f"model runs eager)")
     if 0 < c.max_iters <= c.warmup_iters and not c.eval_only:
         run.log(f"warning: warmup_iters={c.warmup_iters} >= max_iters={c.max_iters}: the learning "
                 f"rate rises all run and ends at {get_lr(c.max_iters - 1, c):.3g}, short of "

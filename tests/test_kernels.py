@@ -1170,6 +1170,14 @@ def test_bad_input_gives_the_references_errors():
         for fn in (mod.fake_quant, mod.quantize_both):
             with pytest.raises(TypeError, match="dtype must be None"):
                 fn(x, "mxfp4", dtype=torch.int32)
+        for fn in (mod.quantize, mod.fake_quant, mod.to_fp8, mod.quantize_both):
+            for seed in (2**64, -2**63 - 1, 1.5, True, "7"):
+                with pytest.raises(ValueError, match=r"seed must be None, an int in \[-2\*\*63, 2\*\*64\)"):
+                    fn(x, "mxfp4", rounding="sr", seed=seed)
+            with pytest.raises(ValueError, match="tensor seed must be one integer"):
+                fn(x, "mxfp4", rounding="sr", seed=torch.tensor([1.0]))
+            for seed in (2**64 - 1, -2**63, np.int64(7), torch.tensor(7)):  # the edges, numpy and tensors pass
+                fn(x, "mxfp4", rounding="sr", seed=seed)
         q = fp4.quantize(x, "mxfp4")
         for fn in (mod.dequantize, mod.fp8_from_packed):
             with pytest.raises(ValueError, match="QTensor of shape"):

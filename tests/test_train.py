@@ -212,7 +212,12 @@ def test_warmup_longer_than_the_run_warns(ds, tmp_path, capsys):
     assert "warning: warmup_iters=5 >= max_iters=3: the learning rate rises all run and ends at " \
         "0.0015, short of learning_rate=0.003" in capsys.readouterr().out
     run(ds, tmp_path / "b", max_iters=3, warmup_iters=2, eval_interval=3)
-    assert "warmup_iters" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warmup_iters" not in out and "compile_mode" not in out
+
+def test_compile_mode_without_compile_is_noted(ds, tmp_path, capsys):
+    run(ds, tmp_path / "a", max_iters=1, eval_interval=1, compile_mode="reduce-overhead")
+    assert "note: compile_mode='reduce-overhead' has no effect with compile=False" in capsys.readouterr().out
 
 def test_a_recipe_that_keeps_every_block_in_bf16_warns(ds, tmp_path, capsys):
     run(ds, tmp_path / "a", max_iters=1, eval_interval=1, recipe="ufp4", recipe_bf16_first=1,
@@ -1100,6 +1105,8 @@ def test_unknown_dataset_is_one_line(ds, tmp_path):
     ("--warmup_iters=-1", r"warmup_iters=-1 is out of range"),
     ("--max_iters=-1", r"max_iters=-1 is out of range"),
     ("--seed=-1", r"seed=-1 is out of range"),
+    ("--lr_decay_iters=100", r"lr_decay_iters=100 is not past warmup_iters=100: the learning rate "
+                             r"would drop to min_lr right after warmup"),
     ("--recipe_bf16_last=7", r"recipe_bf16_last=7 is more blocks than n_layer=6"),
     ("--backend=triton", r"backend='triton' runs the Triton kernels on a CUDA GPU"),
     ("--out_dir=", r"out_dir is empty"),
