@@ -833,6 +833,29 @@ def _store_t(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, EVE
 
 
 @triton.jit
+def _side_consts(amax_ptr, senc_ptr, seed, a, r0, pid_c, R, L, BR: tl.constexpr, BC: tl.constexpr,
+                 QMAX: tl.constexpr, EMAX: tl.constexpr, SCALE: tl.constexpr, FP8: tl.constexpr,
+                 SR: tl.constexpr, SEEDPTR: tl.constexpr, EPC: tl.constexpr, FIRST):
+    """What a side's tile [BR, BC] needs beside its values (rows r0.. of a [R, L] slab a, blocks
+    along L, tile column pid_c): NVFP4's tensor scale s_enc, the inverse FP8 tensor scale, the SR
+    seed, and SR's Philox counters (one per EPC draws, distinct across the tensor)."""
+    s_enc = 1.0
+    if SCALE == 1:
+        s_enc = _s_enc(amax_ptr, senc_ptr, QMAX, FIRST)
+    inv = 1.0
+    if FP8 > 0:
+        inv = _fp8_inv(amax_ptr, senc_ptr, EMAX, FP8, FIRST)
+    roff = 0
+    if SR:
+        if SEEDPTR:
+            seed = tl.load(seed)
+        rows = r0 + tl.arange(0, BR)
+        roff = ((a * R).to(tl.int32) + rows[:, None]) * (L // EPC) + pid_c * (BC // EPC) \
+            + tl.arange(0, BC // EPC)[None, :]
+    return s_enc, inv, seed, roff
+
+
+@triton.jit
 def _quant_kernel(x_ptr, M,
                   r_fake, r_codes, r_scales, r_amax, r_senc, r_signs, r_seed,
                   c_fake, c_codes, c_scales, c_amax, c_senc, c_signs, c_seed,
@@ -879,23 +902,15 @@ def _quant_kernel(x_ptr, M,
     n0 = pid_n * BN
     base = a * M * N
     EPC: tl.constexpr = 128 // RBITS  # SR draws per Philox call
+    first = pid_m + pid_n + a == 0  # the program that stores the tensor scales
     if DO_ROW:
         xr = _load_rows(x_ptr, base, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_RHT > 0:
             xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
-        s_enc = 1.0
-        if R_SCALE == 1:
-            s_enc = _s_enc(r_amax, r_senc, R_QMAX, pid_m + pid_n + a == 0)
-        inv = 1.0
-        if R_FP8 > 0:
-            inv = _fp8_inv(r_amax, r_senc, R_EMAX, R_FP8, pid_m + pid_n + a == 0)
-        roff = 0
-        if R_SR:
-            if R_SEEDPTR:
-                r_seed = tl.load(r_seed)
-            rm = m0 + tl.arange(0, BM)
-            roff = ((a * M).to(tl.int32) + rm[:, None]) * (N // EPC) + pid_n * (BN // EPC) + tl.arange(0, BN // EPC)[None, :]
-        code, sc, deq = _quant_tile(xr, s_enc, inv, r_seed, roff, BM, BN, R_QMAX, R_EMAX, R_E2M1, R_NSEG,
+        s_enc, inv, seed, roff = _side_consts(r_amax, r_senc, r_seed, a, m0, pid_n, M, N, BM, BN,
+                                              R_QMAX, R_EMAX, R_SCALE, R_FP8, R_SR, R_SEEDPTR,
+                                              EPC, first)
+        code, sc, deq = _quant_tile(xr, s_enc, inv, seed, roff, BM, BN, R_QMAX, R_EMAX, R_E2M1, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
                                     R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS, RBITS, R_FP8 > 0)
         if R_FAKE:
@@ -906,19 +921,10 @@ def _quant_kernel(x_ptr, M,
         xc = _load_cols(x_ptr, base, m0, n0, M, N, BM, BN, C_G, EVEN)  # [BN, BM]: blocks along M
         if C_RHT > 0:
             xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
-        s_enc = 1.0
-        if C_SCALE == 1:
-            s_enc = _s_enc(c_amax, c_senc, C_QMAX, pid_m + pid_n + a == 0)
-        inv = 1.0
-        if C_FP8 > 0:
-            inv = _fp8_inv(c_amax, c_senc, C_EMAX, C_FP8, pid_m + pid_n + a == 0)
-        roff = 0
-        if C_SR:
-            if C_SEEDPTR:
-                c_seed = tl.load(c_seed)
-            rn = n0 + tl.arange(0, BN)
-            roff = ((a * N).to(tl.int32) + rn[:, None]) * (M // EPC) + pid_m * (BM // EPC) + tl.arange(0, BM // EPC)[None, :]
-        code, sc, deq = _quant_tile(xc, s_enc, inv, c_seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
+        s_enc, inv, seed, roff = _side_consts(c_amax, c_senc, c_seed, a, n0, pid_m, N, M, BN, BM,
+                                              C_QMAX, C_EMAX, C_SCALE, C_FP8, C_SR, C_SEEDPTR,
+                                              EPC, first)
+        code, sc, deq = _quant_tile(xc, s_enc, inv, seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
                                     C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS, RBITS, C_FP8 > 0)
         if C_FAKE and C_FP8 > 0:
