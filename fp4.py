@@ -151,8 +151,9 @@ def round_e4m3(x):
     return x.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
 
 def block_scales(amax, grid, scale_kind, tensor_scale=None):
-    """Per-block decode scale from the block amax (fp32): the scale's value, in fp32 (a QTensor
-    stores it in SCALE_DTYPES)."""
+    """Per-block scale from the block amax, in fp32 (a QTensor stores it in SCALE_DTYPES): the
+    decode scale (value = code's grid value * scale) for fp32 and e8m0 scales; for e4m3 the
+    decode scale times the tensor's s_enc, which is what NVFP4 stores (decode = scale / s_enc)."""
     # divide by a tensor, not a Python number: CUDA divides by a scalar as a multiply by its
     # reciprocal, which would make the GPU reference differ from the CPU one in the last bit
     qmax = torch.full_like(amax, grid.qmax)
@@ -189,7 +190,7 @@ class QTensor:
     last two dims)."""
     codes: torch.Tensor
     scales: torch.Tensor
-    tensor_scale: torch.Tensor | None  # s_enc for e4m3 scales, else None
+    tensor_scale: torch.Tensor | None  # e4m3 scales: s_enc (value = grid * scale / s_enc)
     fmt: Format
     shape: tuple    # original shape
     dtype: torch.dtype
@@ -243,7 +244,8 @@ def check_seed(seed, name="seed"):
                          f"integer tensor, got {seed!r} ({type(seed).__name__})")
 
 def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
-    """The shared core: x -> (signed grid values in blocked layout, block scales, s_enc)."""
+    """The shared core: x -> (x's shape with dim moved last, signed grid values in blocked
+    layout, block scales, s_enc or None)."""
     grid = GRIDS[fmt.grid]
     xt = x.detach().float().movedim(dim, -1)  # not differentiable (the layer's op is straight-through)
     if rht:
@@ -383,11 +385,13 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
                  fake_quant(x, f, d, r, h, s, dtype) for f, r, h, s, p, f8, d in sides)
 
 # FP8 operands. With power-of-two block scales (e8m0) every quantized value q * 2^e is a small
-# integer (int4) or half-integer (e2m1) times a power of two: below one power-of-two scale per
-# tensor it is exactly an FP8 number, unless its block lies more than the FP8 window below the
-# tensor's largest block (after an RHT, a bound on it from max |x| before the transform). So
-# Hopper's FP8 tensor cores can run the 4-bit GEMMs on operands bit-identical to fake_quant's
-# (docs/formats.md, FP8 GEMMs).
+# integer (int4) or half-integer (e2m1) times a power of two, so divided by one power-of-two scale
+# per tensor it is exactly an FP8 number while its block is not too far below the tensor's largest:
+# the FP8 window, the binades below that scale's bound in which a block stays exact (16 for e4m3 on
+# the int4 grid, 30 for e5m2; docs/formats.md gives each grid's; after an RHT the bound comes from
+# max |x| before the transform). A block below the window rounds to FP8's coarser subnormals;
+# fp8_inexact_blocks counts them. So FP8 tensor cores (compute capability 8.9+: Ada, Hopper) can
+# run the 4-bit GEMMs on operands bit-identical to fake_quant's (docs/formats.md, FP8 GEMMs).
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # log2 of the room between the largest block scale and the FP8 maximum: 7 * 2^6 = 448 (e4m3),
@@ -486,7 +490,11 @@ def fp8_inexact_blocks(values, scale, fake, fmt, dim=-1):
     return bad.sum(), bad.numel()
 
 # -----------------------------------------------------------------------------
-# 3. Random Hadamard transform: Q = diag(s) H_n / sqrt(n), applied to n-chunks along a dim
+# 3. Random Hadamard transform: R = diag(s) H_n / sqrt(n), applied to n-chunks along a dim
+#
+# Why it is free: a GEMM's two operands are rotated along their shared reduction dim, and R is
+# orthogonal, so (A R)(B R)^T = A B^T: no inverse is ever applied. What it buys: R spreads an
+# outlier over its n-chunk, so the block amaxes shrink and the other values keep more levels.
 
 RHT_SEED = 20260616
 RHT_SIZES = (16, 32, 64, 128)
@@ -500,14 +508,14 @@ def rht_signs(n, device=None):
     return (torch.randint(0, 2, (n,), generator=g) * 2 - 1).float().to(device)
 
 def rht_matrix(n, device=None):
-    """The n x n orthogonal matrix Q = diag(s) H_n / sqrt(n) (Sylvester H_n)."""
+    """The n x n orthogonal matrix R = diag(s) H_n / sqrt(n) (Sylvester H_n)."""
     H = torch.ones(1, 1)
     while H.shape[0] < n:
         H = torch.cat((torch.cat((H, H), 1), torch.cat((H, -H), 1)), 0)
     return (rht_signs(n)[:, None] * H / math.sqrt(n)).to(device)
 
 def rht_transform(x, n=16, dim=-1):
-    """x Q on n-chunks along dim, in fp32. A butterfly (fast Walsh-Hadamard) rather than a
+    """x R on n-chunks along dim, in fp32. A butterfly (fast Walsh-Hadamard) rather than a
     matmul, so that every implementation that adds in the same order gets the same bits."""
     if not is_rht_size(n):
         raise ValueError(f"RHT size must be one of {RHT_SIZES}, got {n!r}")
@@ -566,7 +574,8 @@ class Recipe:
     fp8_gemm: bool = False         # power-of-two-scaled formats: GEMMs on FP8 operands (_uses_fp8);
                                    # opt-in: exact but for counted blocks below the window (docs/formats.md)
     fp8_fast_accum: tuple = ("fprop", "dgrad")  # the FP8 GEMMs that accumulate in the tensor cores'
-                                   # fast mode: 5-10 % faster, the same bf16 outputs (docs/formats.md)
+                                   # fast mode: up to ~10 % faster, bf16 outputs within rounding
+                                   # of the exact mode (docs/formats.md)
     fp8_wgrad_x: str = "packed"    # how forward keeps Wgrad's x on FP8 GEMMs: "packed" (half a byte an
                                    # element, made FP8 in backward) or "fp8" (a byte: faster, more memory)
 
@@ -669,9 +678,9 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
                          f"and 1D weight blocks; recipe {r.name!r} has formats "
                          f"{[getattr(out, g).fmt for g in GEMMS]}, weight_2d={out.weight_2d}: pick "
                          f"mxfp4, mxint4 or a 'grid/block/e8m0' format, or leave fp8_gemm off")
-    for key, value, moot in (("fp8_fast_accum", fp8_fast_accum, fast),
-                             ("fp8_wgrad_x", fp8_wgrad_x, fp8_wgrad_x == "fp8")):
-        if moot and not out.fp8_gemm:
+    for key, value, asks_fp8 in (("fp8_fast_accum", fp8_fast_accum, fast),
+                                 ("fp8_wgrad_x", fp8_wgrad_x, fp8_wgrad_x == "fp8")):
+        if asks_fp8 and not out.fp8_gemm:
             raise ValueError(f"{key}={value!r} only changes FP8 GEMMs: add fp8_gemm=True "
                              f"(recipe_fp8_gemm), or leave {key} out")
     return r if out == r else replace(out, name=r.name + "*")  # '*' marks a modified preset in logs
@@ -691,15 +700,19 @@ def check_dims(recipe, *dims):
 # -----------------------------------------------------------------------------
 # 5. The quantized linear layer
 #
-# y = x W^T with its three GEMMs quantized per the recipe (straight-through), for a dense layer
-# (weight [out, in]) and for MoE experts (weight [E, out, in], rows of x sorted by expert, counts
-# [E] rows each: one grouped matmul per GEMM). Forward and backward are two custom ops glued by
-# register_autograd: torch.compile sees each as one opaque call (register_fake gives the shapes),
-# compiles the norms, attention and activations around them without graph breaks, and the code
-# below (reference or Triton kernels) runs as is inside them at run time. On the Triton path
-# nothing in them waits for the host (the SR seeds are drawn on the GPU and read there), so
-# compile mode 'reduce-overhead' replays them inside CUDA graphs; probe_alphas() is the exception
-# (Python that a replay skips).
+# y = x W^T with its three GEMMs quantized per the recipe, each operand along the GEMM's
+# reduction dim, gradients straight through (_forward, _backward):
+#   Fprop  y  = Q(x) Q(W)^T     over in
+#   Dgrad  dx = Q(dy) Q(W)      over out
+#   Wgrad  dW = Q(dy)^T Q(x)    over tokens
+# for a dense layer (weight [out, in]) and for MoE experts (weight [E, out, in], rows of x sorted
+# by expert, counts [E] rows each: one grouped matmul per GEMM). Forward and backward are two
+# custom ops glued by register_autograd: torch.compile sees each as one opaque call (register_fake
+# gives the shapes), compiles the norms, attention and activations around them without graph
+# breaks, and the code below (reference or Triton kernels) runs as is inside them at run time. On
+# the Triton path nothing in them waits for the host (the SR seeds are drawn on the GPU and read
+# there), so compile mode 'reduce-overhead' replays them inside CUDA graphs; probe_alphas() is the
+# exception (Python that a replay skips).
 
 BACKEND = "auto"  # "torch" (this file), "triton" (kernels.py on CUDA), "auto": triton on CUDA
 SR_BITS_CHOICES = (8, 16)
@@ -905,6 +918,8 @@ def _wgrad_rows(t, counts, recipe, aligned=False):
     return t.new_zeros(length, t.shape[1]).index_copy_(0, dest, t), _group_ends(padded)
 
 def _wgrad_dtype(x, dtype):
+    """Wgrad's operand dtype: bf16 on CUDA under bf16 autocast (its GEMMs take bf16 and
+    accumulate in fp32), else fp32 (the CPU reference's exact products)."""
     return torch.bfloat16 if x.is_cuda and dtype == torch.bfloat16 else torch.float32
 
 def _unpadded(t, counts, recipe, dtype, aligned=False):
@@ -915,8 +930,8 @@ def _unpadded(t, counts, recipe, dtype, aligned=False):
             and _wgrad_dtype(t, dtype) == dtype)
 
 def _packs_wgrad_x(recipe, pack_x):
-    """Forward saves Wgrad's x as packed 4-bit codes + scales (not x) when asked to and Wgrad
-    quantizes it."""
+    """Forward saves Wgrad's x quantized (packed 4-bit codes + scales, or FP8 values under
+    fp8_wgrad_x="fp8"), not x itself, when asked to and Wgrad quantizes it."""
     return bool(pack_x and recipe.wgrad.fmt)
 
 def _uses_fp8(recipe, counts, device):
@@ -969,7 +984,7 @@ def _t(q):
 def _gemm(a, b, offs, dtype, fp32=False, fast=False):
     """a @ b for the layer: FP8 operands (values, scale) on the FP8 tensor cores (_fp8_mm, or
     fp8_grouped_mm per expert group where offs; fast: their fast accumulation), else _mm;
-    fp32: an fp32 result (Wgrad)."""
+    fp32: an fp32 result (Wgrad; CUDA's bf16 grouped GEMM rounds it to bf16 first)."""
     if isinstance(a, tuple):
         out = torch.float32 if fp32 else dtype
         return _fp8_mm(a, b, out, fast) if offs is None else fp8_grouped_mm(a, b, offs, out, fast)
@@ -1004,8 +1019,9 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
               fp8=False, wq=None, aligned=False):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
-    tokens, fp32 out. x_or_q: x, or Wgrad's Q(x) as forward saved it. On FP8 GEMMs
-    (fp8) dy is e5m2 (gradients need its range), W and x e4m3. wq: Dgrad's Q(W) if cached."""
+    tokens, fp32 out (bf16-rounded for experts on CUDA's bf16 grouped GEMM). x_or_q: x, or
+    Wgrad's Q(x) as forward saved it. On FP8 GEMMs (fp8) dy is e5m2 (gradients need its range),
+    W and x e4m3. wq: Dgrad's Q(W) if cached."""
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
     dy = dy.contiguous()
@@ -1061,7 +1077,8 @@ def _sr_seed(recipe, device):
         return torch.arange(6) + torch.randint(0, 2**31 - 8, (1,))
     return torch.randint(0, 2**31 - 8, (6,), device=device)
 
-# The ops take the recipe by name: a registry of Recipe objects under their repr (every field).
+# Custom ops take no dataclasses: they get a recipe's repr (every field; names are not unique,
+# a modified recipe keeps its preset's) and look the Recipe up here.
 _RECIPES_BY_KEY = {}
 
 def recipe_key(recipe):
@@ -1242,7 +1259,8 @@ class FP4Linear(_Quantized, nn.Linear):
         self.recipe = recipe
         check_dims(self.recipe, in_features, out_features)
         self.tag = ""  # the layer's name in probe_alphas() records (convert sets it)
-        # Wgrad's x saved as packed 4-bit codes + scales (True), or x itself: for a layer whose
+        # Wgrad's x saved quantized (True: packed 4-bit codes + scales, or FP8 values under the
+        # recipe's fp8_wgrad_x="fp8"), or x itself (False): for a layer whose
         # input another op saves anyway (attention's output, which SDPA keeps for its backward),
         # where a packed copy would add memory instead of saving it
         self.pack_x = pack_x

@@ -130,7 +130,8 @@ def _bfly(y, T: tl.constexpr, H: tl.constexpr):
 @triton.jit
 def _rht(x, signs_ptr, R: tl.constexpr, C: tl.constexpr, N: tl.constexpr, INV: tl.constexpr,
          SMASK: tl.constexpr):
-    """x [R, C] fp32 -> x Q on N-chunks along axis 1: signs, Walsh-Hadamard butterfly, * 1/sqrt(N).
+    """x [R, C] fp32 -> x times the RHT matrix (fp4.rht_matrix) on N-chunks along axis 1: signs,
+    Walsh-Hadamard butterfly, * 1/sqrt(N).
     SMASK >= 0: the signs as bits of a constant (bit j set: s_j = -1), which the compiler folds
     into the first adds where a thread holds whole chunks; else loaded from signs_ptr."""
     T: tl.constexpr = R * C
