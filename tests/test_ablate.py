@@ -467,13 +467,14 @@ def test_the_committed_fork_tables_are_what_the_committed_runs_give(tmp_path, na
             == open(os.path.join(committed, "summary.md")).read().splitlines()[1:])
 
 
-def test_report_refuses_an_unknown_ref_before_replacing_the_summary(tmp_path):
+def test_report_refuses_an_unknown_ref_before_replacing_the_summary(tmp_path, capsys):
     out = str(tmp_path / "fork")
     fake_sitting(out, {0: {"e2m1": 0.02, "ufp4": 0.015}})
     ablate.main(["report", f"--out={out}"])
     before = open(os.path.join(out, "summary.md")).read()
     with pytest.raises(SystemExit):
         ablate.main(["report", f"--out={out}", "--ref=foo"])
+    assert "--ref='foo' is not an arm" in capsys.readouterr().err
     assert open(os.path.join(out, "summary.md")).read() == before
 
 
