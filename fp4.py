@@ -3,15 +3,16 @@ fp4.py: the math of 4-bit training, in plain PyTorch (the reference; CPU and GPU
 
 Read top to bottom:
   1. element grids, scale kinds and block formats, as data
-  2. rounding to a grid (RTNE, stochastic), block scales, pack/unpack -> quantize / dequantize;
-     FP8 operands of power-of-two-scaled formats (to_fp8)
-  3. the random Hadamard transform (RHT)
-  4. recipes: per GEMM (Fprop, Dgrad, Wgrad) which format, RHT, SR
-  5. the quantized linear layer: the backend switch (kernels_for, the one dispatch point to
-     kernels.py's Triton versions of section 2), the six operands of a layer call, the three
-     GEMMs as one forward and one backward custom op (opaque to torch.compile), shared by the
-     dense layer and the grouped MoE experts, on bf16 or (power-of-two scales) FP8 GEMMs; convert
-  6. shrinkage diagnostics: attenuation alpha, SQNR, bucket use, per-bin bias
+  2. the random Hadamard transform (RHT)
+  3. the backend switch: kernels_for, the one dispatch point to kernels.py's Triton versions of
+     sections 4 and 5
+  4. rounding to a grid (RTNE, stochastic), block scales, pack/unpack -> quantize / dequantize
+  5. FP8 operands of power-of-two-scaled formats (to_fp8)
+  6. recipes: per GEMM (Fprop, Dgrad, Wgrad) which format, RHT, SR
+  7. the quantized linear layer: the six operands of a layer call, the three GEMMs as one
+     forward and one backward custom op (opaque to torch.compile), shared by the dense layer and
+     the grouped MoE experts, on bf16 or (power-of-two scales) FP8 GEMMs; convert
+  8. shrinkage diagnostics: attenuation alpha, SQNR, bucket use, per-bin bias
 
 Conventions used everywhere:
   - blocks run along `dim`, the reduction dimension of the GEMM that consumes the tensor
@@ -104,7 +105,101 @@ def get_format(fmt):
                      f"scale in {list(SCALE_KINDS)}")
 
 # -----------------------------------------------------------------------------
-# 2. Rounding, block scales, packing
+# 2. Random Hadamard transform: R = diag(s) H_n / sqrt(n), applied to n-chunks along a dim
+#
+# Why it is free: a GEMM's two operands are rotated along their shared reduction dim, and R is
+# orthogonal, so (A R)(B R)^T = A B^T: no inverse is ever applied. What it buys: R spreads an
+# outlier over its n-chunk, so the block amaxes shrink and the other values keep more levels.
+
+RHT_SEED = 20260616
+RHT_SIZES = (16, 32, 64, 128)
+
+def is_rht_size(n):
+    """n is one of RHT_SIZES as a Python int (16.0 and True compare equal to sizes, but are not)."""
+    return isinstance(n, int) and not isinstance(n, bool) and n in RHT_SIZES
+
+def rht_signs(n, device=None):
+    g = torch.Generator().manual_seed(RHT_SEED + n)
+    return (torch.randint(0, 2, (n,), generator=g) * 2 - 1).float().to(device)
+
+def rht_matrix(n, device=None):
+    """The n x n orthogonal matrix R = diag(s) H_n / sqrt(n) (Sylvester H_n)."""
+    H = torch.ones(1, 1)
+    while H.shape[0] < n:
+        H = torch.cat((torch.cat((H, H), 1), torch.cat((H, -H), 1)), 0)
+    return (rht_signs(n)[:, None] * H / math.sqrt(n)).to(device)
+
+def rht_transform(x, n=16, dim=-1):
+    """x R on n-chunks along dim, in fp32. A butterfly (fast Walsh-Hadamard) rather than a
+    matmul, so that every implementation that adds in the same order gets the same bits."""
+    if not is_rht_size(n):
+        raise ValueError(f"RHT size must be one of {RHT_SIZES}, got {n!r}")
+    x = x.float().movedim(dim, -1)
+    shape = x.shape
+    if shape[-1] % n:
+        raise ValueError(f"length {shape[-1]} is not a multiple of the RHT size {n}")
+    y = (x.reshape(-1, n) * rht_signs(n, x.device))
+    h = 1
+    while h < n:
+        y = y.view(-1, n // (2 * h), 2, h)
+        a, b = y[:, :, 0], y[:, :, 1]
+        y = torch.stack((a + b, a - b), dim=2)
+        h *= 2
+    y = y.reshape(shape) * (1.0 / math.sqrt(n))
+    return y.movedim(-1, dim)
+
+# -----------------------------------------------------------------------------
+# 3. Backend: the one dispatch point between this reference and kernels.py
+#
+# Every quantizer below and the layer ask kernels_for(x) whether kernels.py's Triton version
+# runs instead; set_backend('torch') keeps everything here (tests compare the two).
+
+BACKEND = "auto"  # "torch" (this file), "triton" (kernels.py on CUDA), "auto": triton on CUDA
+SR_BITS_CHOICES = (8, 16)
+
+def set_backend(name):
+    global BACKEND
+    if name not in ("auto", "torch", "triton"):
+        raise ValueError(f"unknown backend {name!r}; valid: 'auto', 'torch', 'triton'")
+    BACKEND = name
+
+def set_sr_bits(bits):
+    """Random bits per stochastic-rounding draw in the Triton kernels: 8 or 16 (the torch
+    reference draws fp32 uniforms; docs/formats.md on SR)."""
+    if bits not in SR_BITS_CHOICES:
+        raise ValueError(f"sr_bits must be one of {SR_BITS_CHOICES}, got {bits!r}")
+    kernels = _import_kernels()
+    if kernels:
+        kernels.set_sr_bits(bits)
+
+def _import_kernels():
+    """kernels.py, or None where it cannot be imported. The only import of it here, and a lazy
+    one: kernels.py imports this file (and imports without triton, HAVE_TRITON False)."""
+    try:
+        import kernels
+    except ImportError:
+        return None
+    return kernels
+
+def kernels_for(x):
+    """The one dispatch point between this reference and kernels.py: the kernels module when
+    tensor x is to be processed by it (a CUDA tensor, triton available, backend not 'torch'),
+    else None."""
+    return _kernels_on(x.device)
+
+def _kernels_on(device):
+    if BACKEND == "torch" or device.type != "cuda":
+        return None
+    kernels = _import_kernels()
+    if BACKEND == "triton" and not (kernels and kernels.HAVE_TRITON):
+        raise RuntimeError("backend 'triton' needs the triton package (pip install triton), which "
+                           "did not import; set_backend('auto') runs the torch reference instead")
+    if kernels and (kernels.AVAILABLE or BACKEND == "triton"):
+        return kernels
+    return None
+
+# -----------------------------------------------------------------------------
+# 4. Rounding, block scales, packing
 
 def _levels(grid, device):
     return torch.tensor(grid.levels, dtype=torch.float32, device=device)
@@ -150,7 +245,7 @@ def round_e4m3(x):
     """fp32 -> nearest e4m3 value (ties to even), saturating at 448, returned as fp32."""
     return x.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
 
-def block_scales(amax, grid, scale_kind, tensor_scale=None):
+def block_scales(amax, grid, scale_kind, s_enc=None):
     """Per-block scale from the block amax, in fp32 (a QTensor stores it in SCALE_DTYPES): the
     decode scale (value = code's grid value * scale) for fp32 and e8m0 scales; for e4m3 the
     decode scale times the tensor's s_enc, which is what NVFP4 stores (decode = scale / s_enc)."""
@@ -160,7 +255,7 @@ def block_scales(amax, grid, scale_kind, tensor_scale=None):
     if scale_kind == "fp32":
         return amax / qmax
     if scale_kind == "e4m3":  # NVFP4: e4m3(amax_b / qmax * s_enc)
-        return round_e4m3(amax / qmax * tensor_scale)
+        return round_e4m3(amax / qmax * s_enc)
     if scale_kind == "e8m0":  # OCP MX: 2^(floor(log2 amax) - emax_elem), exact via frexp
         emax_elem = math.floor(math.log2(grid.qmax))
         _, e = torch.frexp(amax)                      # amax = m * 2^e, m in [0.5, 1)
@@ -196,52 +291,6 @@ class QTensor:
     dtype: torch.dtype
     dim: int        # blocked dim of the original tensor (non-negative)
     rht: int | None  # RHT size applied before quantizing (values stay in the rotated basis)
-
-def blocked_dim(x, dim):
-    """dim as an index into x's dims (0 <= dim < x.dim()), or an error if x has no such dim."""
-    if not -x.dim() <= dim < x.dim() or x.dim() == 0:
-        raise IndexError(f"dim {dim} is out of range for a tensor of shape {tuple(x.shape)} "
-                         f"(valid: {-x.dim()} to {x.dim() - 1})")
-    return dim % x.dim()
-
-def check_blockable(x, fmt, dim, rht, rht_name="rht"):
-    """Raise, with the fix, unless x can be quantized in fmt's blocks along dim with RHT size rht
-    (the argument rht_name: quantize_both's column side has its own)."""
-    if not x.is_floating_point():
-        raise TypeError(f"quantizers take a floating-point tensor, got {x.dtype}: pass x.float()")
-    if rht is not None and not is_rht_size(rht):
-        raise ValueError(f"{rht_name} must be None or a Python int RHT size in {RHT_SIZES}, got "
-                         f"{rht!r} ({type(rht).__name__})")
-    K = x.shape[dim]
-    for n, what in ((fmt.block, f"block size of format {fmt.name!r}"), (rht or 1, "RHT size")):
-        if K % n != 0:
-            raise ValueError(f"dim {dim} of a tensor of shape {tuple(x.shape)} has length {K}, "
-                             f"not a multiple of the {what} ({n}); pad it or pick sizes that fit")
-    if fmt.block_2d and (x.dim() < 2 or x.movedim(dim, -1).shape[-2] % fmt.block != 0):
-        raise ValueError(f"2D blocks need a tensor of 2+ dims whose two tiled dims are multiples "
-                         f"of {fmt.block}, got shape {tuple(x.shape)} blocked along dim {dim}")
-
-def check_out_dtype(dtype):
-    """fake_quant's output dtype: None (x's) or a float of 16+ bits (to_fp8 makes FP8 operands)."""
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point
-                                  and dtype.itemsize >= 2):
-        raise TypeError(f"dtype must be None or torch.float32, bfloat16, float16 or float64, got "
-                        f"{dtype!r}; for FP8 operands use to_fp8")
-
-SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed takes
-
-def check_seed(seed, name="seed"):
-    """An SR seed: None, an int in SEED_RANGE, or a one-element integer tensor (read on the GPU
-    by the Triton path, so its range is the tensor dtype's)."""
-    if isinstance(seed, torch.Tensor):
-        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex \
-                or seed.dtype == torch.bool:
-            raise ValueError(f"a tensor {name} must be one integer, got {seed.dtype} "
-                             f"{tuple(seed.shape)}")
-    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
-                               or not SEED_RANGE[0] <= seed < SEED_RANGE[1]):
-        raise ValueError(f"{name} must be None, an int in [-2**63, 2**64) or a one-element "
-                         f"integer tensor, got {seed!r} ({type(seed).__name__})")
 
 def _quantize_blocks(x, fmt, dim, rounding, rht, seed):
     """The shared core: x -> (x's shape with dim moved last, signed grid values in blocked
@@ -379,25 +428,84 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
                                      seed_col, (pr, pc), dtype, fp8)
     f8r, f8c = check_fp8_sides(fmt, fmt_col, pr, pc, fp8)
-    sides = ((fmt, rounding, rht, seed, pr, f8r, 1),
-             (fmt_col, rounding_col or rounding, rht_col, seed_col, pc, f8c, 0))
-    return tuple(quantize(x, f, d, r, h, s) if p else to_fp8(x, f, d, r, h, s, f8) if f8 else
-                 fake_quant(x, f, d, r, h, s, dtype) for f, r, h, s, p, f8, d in sides)
+    out = []
+    for f, d, r, h, s, p, f8 in ((fmt, 1, rounding, rht, seed, pr, f8r),
+                                 (fmt_col, 0, rounding_col or rounding, rht_col, seed_col, pc, f8c)):
+        if p:
+            out.append(quantize(x, f, d, r, h, s))
+        elif f8:
+            out.append(to_fp8(x, f, d, r, h, s, f8))
+        else:
+            out.append(fake_quant(x, f, d, r, h, s, dtype))
+    return tuple(out)
 
-# FP8 operands. With power-of-two block scales (e8m0) every quantized value q * 2^e is a small
-# integer (int4) or half-integer (e2m1) times a power of two, so divided by one power-of-two scale
-# per tensor it is exactly an FP8 number while its block is not too far below the tensor's largest:
-# the FP8 window, the binades below that scale's bound in which a block stays exact (16 for e4m3 on
-# the int4 grid, 30 for e5m2; docs/formats.md gives each grid's; after an RHT the bound comes from
+# Input checks, shared with kernels.py (the same errors on both paths)
+
+def blocked_dim(x, dim):
+    """dim as an index into x's dims (0 <= dim < x.dim()), or an error if x has no such dim."""
+    if not -x.dim() <= dim < x.dim() or x.dim() == 0:
+        raise IndexError(f"dim {dim} is out of range for a tensor of shape {tuple(x.shape)} "
+                         f"(valid: {-x.dim()} to {x.dim() - 1})")
+    return dim % x.dim()
+
+def check_blockable(x, fmt, dim, rht, rht_name="rht"):
+    """Raise, with the fix, unless x can be quantized in fmt's blocks along dim with RHT size rht
+    (the argument rht_name: quantize_both's column side has its own)."""
+    if not x.is_floating_point():
+        raise TypeError(f"quantizers take a floating-point tensor, got {x.dtype}: pass x.float()")
+    if rht is not None and not is_rht_size(rht):
+        raise ValueError(f"{rht_name} must be None or a Python int RHT size in {RHT_SIZES}, got "
+                         f"{rht!r} ({type(rht).__name__})")
+    K = x.shape[dim]
+    for n, what in ((fmt.block, f"block size of format {fmt.name!r}"), (rht or 1, "RHT size")):
+        if K % n != 0:
+            raise ValueError(f"dim {dim} of a tensor of shape {tuple(x.shape)} has length {K}, "
+                             f"not a multiple of the {what} ({n}); pad it or pick sizes that fit")
+    if fmt.block_2d and (x.dim() < 2 or x.movedim(dim, -1).shape[-2] % fmt.block != 0):
+        raise ValueError(f"2D blocks need a tensor of 2+ dims whose two tiled dims are multiples "
+                         f"of {fmt.block}, got shape {tuple(x.shape)} blocked along dim {dim}")
+
+def check_out_dtype(dtype):
+    """fake_quant's output dtype: None (x's) or a float of 16+ bits (to_fp8 makes FP8 operands)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point
+                                  and dtype.itemsize >= 2):
+        raise TypeError(f"dtype must be None or torch.float32, bfloat16, float16 or float64, got "
+                        f"{dtype!r}; for FP8 operands use to_fp8")
+
+SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed takes
+
+def check_seed(seed, name="seed"):
+    """An SR seed: None, an int in SEED_RANGE, or a one-element integer tensor (read on the GPU
+    by the Triton path, so its range is the tensor dtype's)."""
+    if isinstance(seed, torch.Tensor):
+        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex \
+                or seed.dtype == torch.bool:
+            raise ValueError(f"a tensor {name} must be one integer, got {seed.dtype} "
+                             f"{tuple(seed.shape)}")
+    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                               or not SEED_RANGE[0] <= seed < SEED_RANGE[1]):
+        raise ValueError(f"{name} must be None, an int in [-2**63, 2**64) or a one-element "
+                         f"integer tensor, got {seed!r} ({type(seed).__name__})")
+
+# -----------------------------------------------------------------------------
+# 5. FP8 operands of power-of-two-scaled formats
+#
+# With power-of-two block scales (e8m0) every quantized value q * 2^e is a small integer (int4)
+# or half-integer (e2m1) times a power of two, so divided by one power-of-two scale per tensor it
+# is exactly an FP8 number while its block is not too far below the tensor's largest: the FP8
+# window, the binades below that scale's bound in which a block stays exact (16 for e4m3 on the
+# int4 grid, 30 for e5m2; docs/formats.md gives each grid's; after an RHT the bound comes from
 # max |x| before the transform). A block below the window rounds to FP8's coarser subnormals;
 # fp8_inexact_blocks counts them. So FP8 tensor cores (compute capability 8.9+: Ada, Hopper) can
 # run the 4-bit GEMMs on operands bit-identical to fake_quant's (docs/formats.md, FP8 GEMMs).
+# The power-of-two scale is a decode scale, value = FP8 value * scale, applied by the GEMM to its
+# output (NVFP4's s_enc is the other way round: an encode scale that dequantize divides by).
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # log2 of the room between the largest block scale and the FP8 maximum: 7 * 2^6 = 448 (e4m3),
 # 7 * 2^13 = 57344 (e5m2); both grids' values (at most 7 and 6) fit
 FP8_ROOM = {E4M3: 6, E5M2: 13}
-FP8_MIN_EXP = -126  # the tensor scale stays a normal fp32 number
+FP8_MIN_EXP = -126  # the decode scale stays a normal fp32 number
 
 def fp8_bound(rht):
     """log2 of the bound on how much a size-rht RHT can grow an element: each output is a signed sum of
@@ -405,7 +513,7 @@ def fp8_bound(rht):
     return math.ceil(math.log2(rht) / 2) if rht else 0
 
 def fp8_scale(amax, fmt, fp8, rht=None):
-    """The tensor's power-of-two scale 2^E from amax = max |x| before any RHT: E = log2 of the block
+    """The tensor's power-of-two decode scale 2^E from amax = max |x| before any RHT: E = log2 of the block
     scale a block holding amax gets, plus fp8_bound(rht), minus FP8_ROOM[fp8]; at least
     FP8_MIN_EXP; 1 for an all-zero tensor, NaN if amax is NaN or Inf. No block scale after the RHT
     exceeds the bound, so one plain read of x sets the scale (docs/formats.md, FP8 GEMMs)."""
@@ -444,7 +552,7 @@ def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8):
 def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
     """x quantized as quantize() quantizes it, as (values, scale): FP8 values of x's shape with
     `dim` contiguous in memory (the layout torch._scaled_mm wants of a GEMM operand reduced along
-    it), and the fp32 tensor scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
+    it), and the fp32 decode scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
     bit for bit except in blocks more than the FP8 window below the scale's bound
     (fp8_inexact_blocks)."""
     fmt = check_fp8(fmt, fp8)
@@ -462,8 +570,8 @@ def fp8_from_packed(q, fp8=E4M3):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
     them: values of q's shape with its blocked dim contiguous. values.float() * scale equals
     dequantize(q) bit for bit except in blocks more than the FP8 window below q's largest block
-    (fp8_inexact_blocks). The scale is the one that largest block needs (to_fp8's, when no RHT
-    was applied). So an operand can wait for its FP8 GEMM packed: half a byte an element."""
+    (fp8_inexact_blocks). The decode scale is the one that largest block needs (to_fp8's, when no
+    RHT was applied). So an operand can wait for its FP8 GEMM packed: half a byte an element."""
     check_qtensor(q)
     check_fp8(q.fmt, fp8)
     kernels = kernels_for(q.codes)
@@ -472,7 +580,7 @@ def fp8_from_packed(q, fp8=E4M3):
     scales = q.scales.float()
     top = scales.amax() if scales.numel() else scales.new_zeros(())
     scale = torch.where(top.isnan(), float("nan"), _fp8_scale_above(top, fp8))
-    # dequantize divides by a tensor scale: the FP8 scale takes that place
+    # dequantize divides by the tensor scale: dividing by the decode scale gives the FP8 values
     values = dequantize(in_codes_layout(q, tensor_scale=scale), fp8)
     return values.movedim(-1, q.dim), scale
 
@@ -490,51 +598,7 @@ def fp8_inexact_blocks(values, scale, fake, fmt, dim=-1):
     return bad.sum(), bad.numel()
 
 # -----------------------------------------------------------------------------
-# 3. Random Hadamard transform: R = diag(s) H_n / sqrt(n), applied to n-chunks along a dim
-#
-# Why it is free: a GEMM's two operands are rotated along their shared reduction dim, and R is
-# orthogonal, so (A R)(B R)^T = A B^T: no inverse is ever applied. What it buys: R spreads an
-# outlier over its n-chunk, so the block amaxes shrink and the other values keep more levels.
-
-RHT_SEED = 20260616
-RHT_SIZES = (16, 32, 64, 128)
-
-def is_rht_size(n):
-    """n is one of RHT_SIZES as a Python int (16.0 and True compare equal to sizes, but are not)."""
-    return isinstance(n, int) and not isinstance(n, bool) and n in RHT_SIZES
-
-def rht_signs(n, device=None):
-    g = torch.Generator().manual_seed(RHT_SEED + n)
-    return (torch.randint(0, 2, (n,), generator=g) * 2 - 1).float().to(device)
-
-def rht_matrix(n, device=None):
-    """The n x n orthogonal matrix R = diag(s) H_n / sqrt(n) (Sylvester H_n)."""
-    H = torch.ones(1, 1)
-    while H.shape[0] < n:
-        H = torch.cat((torch.cat((H, H), 1), torch.cat((H, -H), 1)), 0)
-    return (rht_signs(n)[:, None] * H / math.sqrt(n)).to(device)
-
-def rht_transform(x, n=16, dim=-1):
-    """x R on n-chunks along dim, in fp32. A butterfly (fast Walsh-Hadamard) rather than a
-    matmul, so that every implementation that adds in the same order gets the same bits."""
-    if not is_rht_size(n):
-        raise ValueError(f"RHT size must be one of {RHT_SIZES}, got {n!r}")
-    x = x.float().movedim(dim, -1)
-    shape = x.shape
-    if shape[-1] % n:
-        raise ValueError(f"length {shape[-1]} is not a multiple of the RHT size {n}")
-    y = (x.reshape(-1, n) * rht_signs(n, x.device))
-    h = 1
-    while h < n:
-        y = y.view(-1, n // (2 * h), 2, h)
-        a, b = y[:, :, 0], y[:, :, 1]
-        y = torch.stack((a + b, a - b), dim=2)
-        h *= 2
-    y = y.reshape(shape) * (1.0 / math.sqrt(n))
-    return y.movedim(-1, dim)
-
-# -----------------------------------------------------------------------------
-# 4. Recipes: which format, RHT and SR for each of the three GEMMs of a linear layer
+# 6. Recipes: which format, RHT and SR for each of the three GEMMs of a linear layer
 
 @dataclass(frozen=True)
 class Gemm:
@@ -698,7 +762,7 @@ def check_dims(recipe, *dims):
                              f"that are multiples of {need}")
 
 # -----------------------------------------------------------------------------
-# 5. The quantized linear layer
+# 7. The quantized linear layer
 #
 # y = x W^T with its three GEMMs quantized per the recipe, each operand along the GEMM's
 # reduction dim, gradients straight through (_forward, _backward):
@@ -713,50 +777,6 @@ def check_dims(recipe, *dims):
 # the Triton path nothing in them waits for the host (the SR seeds are drawn on the GPU and read
 # there), so compile mode 'reduce-overhead' replays them inside CUDA graphs; probe_alphas() is the
 # exception (Python that a replay skips).
-
-BACKEND = "auto"  # "torch" (this file), "triton" (kernels.py on CUDA), "auto": triton on CUDA
-SR_BITS_CHOICES = (8, 16)
-
-def set_backend(name):
-    global BACKEND
-    if name not in ("auto", "torch", "triton"):
-        raise ValueError(f"unknown backend {name!r}; valid: 'auto', 'torch', 'triton'")
-    BACKEND = name
-
-def set_sr_bits(bits):
-    """Random bits per stochastic-rounding draw in the Triton kernels: 8 or 16 (the torch
-    reference draws fp32 uniforms; docs/formats.md on SR)."""
-    if bits not in SR_BITS_CHOICES:
-        raise ValueError(f"sr_bits must be one of {SR_BITS_CHOICES}, got {bits!r}")
-    kernels = _import_kernels()
-    if kernels:
-        kernels.set_sr_bits(bits)
-
-def _import_kernels():
-    """kernels.py, or None where it cannot be imported. The only import of it here, and a lazy
-    one: kernels.py imports this file (and imports without triton, HAVE_TRITON False)."""
-    try:
-        import kernels
-    except ImportError:
-        return None
-    return kernels
-
-def kernels_for(x):
-    """The one dispatch point between this reference and kernels.py: the kernels module when
-    tensor x is to be processed by it (a CUDA tensor, triton available, backend not 'torch'),
-    else None."""
-    return _kernels_on(x.device)
-
-def _kernels_on(device):
-    if BACKEND == "torch" or device.type != "cuda":
-        return None
-    kernels = _import_kernels()
-    if BACKEND == "triton" and not (kernels and kernels.HAVE_TRITON):
-        raise RuntimeError("backend 'triton' needs the triton package (pip install triton), which "
-                           "did not import; set_backend('auto') runs the torch reference instead")
-    if kernels and (kernels.AVAILABLE or BACKEND == "triton"):
-        return kernels
-    return None
 
 def _qparams(gemm, recipe, sr, weight=False):
     """(format, rounding, RHT size) of one GEMM operand under the recipe."""
@@ -796,7 +816,7 @@ def _operands(recipe, seeds):
                       Operand("wgrad_dy", g, g.sr_a, seed.wgrad_dy),
                       Operand("wgrad_x", g, g.sr_b, seed.wgrad_x))
 
-def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
+def _quantize_operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
     """Operand t as its GEMM sees it: fake-quantized along its reduction dim `dim`, or as is.
     packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit); fp8
     (an FP8 dtype): to_fp8's (values, scale). Inside probe_alphas() it is recorded under
@@ -820,18 +840,18 @@ def _operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
             _record_probe((tag, op.name), ref, dequantize(q, dtype) if packed else q)
     return q
 
-def _operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
-    """_operand(t, row) along dim -1 and _operand(t, col) along dim 0 (packed where packed_col;
-    fp8: None, or the (row, col) FP8 dtypes, None for a side not in FP8): on the Triton path from
-    one read of t (kernels.quantize_both, the same bits as two calls) when both sides quantize;
-    else two calls."""
+def _quantize_operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
+    """_quantize_operand(t, row) along dim -1 and _quantize_operand(t, col) along dim 0 (packed
+    where packed_col; fp8: None, or the (row, col) FP8 dtypes, None for a side not in FP8): on the
+    Triton path from one read of t (kernels.quantize_both, the same bits as two calls) when both
+    sides quantize; else two calls."""
     f8r, f8c = fp8 or (None, None)
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = (_qparams(o.gemm, recipe, o.sr, o.weight) for o in (row, col))
         return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
                              (f8r, f8c))
-    return (_operand(t, row, recipe, -1, dtype, tag, fp8=f8r),
-            _operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c))
+    return (_quantize_operand(t, row, recipe, -1, dtype, tag, fp8=f8r),
+            _quantize_operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c))
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -843,10 +863,11 @@ def _mm_fp32(a, b):
     return a.float() @ b.float()
 
 def _grouped_mm(a, b, offs, out_dtype=None):
-    """Per-group matmuls in one call (torch._grouped_mm: CPU and CUDA bf16). a [N, K] with row
-    groups ending at offs, b [E, K, M] -> [N, M]; or a [M, N], b [N, K] with groups along N ->
-    [E, M, K]. CUDA's kernel is bf16-only: other dtypes loop over the groups, which reads the
-    group ends on the host (a sync: fp32 experts on CUDA are for checks, not for speed)."""
+    """Per-group matmuls in one call (torch._grouped_mm: CPU and CUDA bf16), in two forms, T
+    being tokens: a [T, K] with row groups ending at offs, b [E, K, N] -> [T, N] (Fprop, Dgrad);
+    a [M, T], b [T, N] with groups along T -> [E, M, N] (Wgrad). CUDA's kernel is bf16-only:
+    other dtypes loop over the groups, which reads the group ends on the host (a sync: fp32
+    experts on CUDA are for checks, not for speed)."""
     if not a.is_cuda:
         return torch._grouped_mm(a, b, offs=offs).to(out_dtype or a.dtype)
     if a.dtype == torch.bfloat16:  # accumulates in fp32 but (torch 2.11) writes bf16 out
@@ -859,12 +880,6 @@ def _grouped_mm(a, b, offs, out_dtype=None):
             out[s:t] = a[s:t] @ b[e]
         return out.to(out_dtype or a.dtype)
     return torch.stack([a[:, s:t] @ b[s:t] for s, t in zip(starts, ends)]).to(out_dtype or a.dtype)
-
-def _mm(a, b, offs=None, fp32=False):
-    """a @ b (dense layer), or per expert group when offs (the groups' end rows) is given."""
-    if offs is None:
-        return _mm_fp32(a, b) if fp32 else a @ b
-    return _grouped_mm(a, b, offs, out_dtype=torch.float32 if fp32 else None)
 
 def _group_ends(counts):
     return None if counts is None else torch.cumsum(counts, 0).to(torch.int32)
@@ -924,7 +939,7 @@ def _wgrad_dtype(x, dtype):
 
 def _unpadded(t, counts, recipe, dtype, aligned=False):
     """A t [T, n] (dense, or aligned expert groups) whose Wgrad side needs no padding and no other
-    dtype: one tensor serves its row-wise and column-wise quantization (_operand_pair)."""
+    dtype: one tensor serves its row-wise and column-wise quantization (_quantize_operand_pair)."""
     return ((aligned or counts is None)
             and _wgrad_padding(recipe, t.shape[0], counts, t.device, aligned)[1] == t.shape[0]
             and _wgrad_dtype(t, dtype) == dtype)
@@ -965,8 +980,8 @@ def _fp8_mm(a, b, out_dtype, fast=False):
     return out.to(out_dtype)  # (fp64 inputs: CUDA's FP8 GEMM writes at most fp32)
 
 def fp8_grouped_mm(a, b, offs, out_dtype, fast=False):
-    """_grouped_mm for FP8 operands (values, fp32 tensor scale), in its two forms: a [N, K] with
-    row groups ending at offs, b [E, K, M] -> [N, M]; a [M, T], b [T, N] with groups along T ->
+    """_grouped_mm for FP8 operands (values, fp32 tensor scale), in its two forms: a [T, K] with
+    row groups ending at offs, b [E, K, N] -> [T, N]; a [M, T], b [T, N] with groups along T ->
     [E, M, N]. Each operand's reduced dim is contiguous (to_fp8's layout). The exact products of
     the operands' values summed in fp32; kernels.fp8_grouped_mm on the GPU (the MoE experts have
     no FP8 grouped GEMM in torch that pays: docs/kernels.md), where fast is the tensor cores' own
@@ -982,13 +997,16 @@ def _t(q):
     return (q[0].transpose(-1, -2), q[1]) if isinstance(q, tuple) else q.transpose(-1, -2)
 
 def _gemm(a, b, offs, dtype, fp32=False, fast=False):
-    """a @ b for the layer: FP8 operands (values, scale) on the FP8 tensor cores (_fp8_mm, or
-    fp8_grouped_mm per expert group where offs; fast: their fast accumulation), else _mm;
-    fp32: an fp32 result (Wgrad; CUDA's bf16 grouped GEMM rounds it to bf16 first)."""
+    """a @ b for the layer (dense), or per expert group where offs (the groups' end rows) is
+    given: FP8 operands (values, scale) on the FP8 tensor cores (_fp8_mm, fp8_grouped_mm; fast:
+    their fast accumulation), else torch's matmuls on the dequantized operands; fp32: an fp32
+    result (Wgrad; CUDA's bf16 grouped GEMM rounds it to bf16 first)."""
     if isinstance(a, tuple):
         out = torch.float32 if fp32 else dtype
         return _fp8_mm(a, b, out, fast) if offs is None else fp8_grouped_mm(a, b, offs, out, fast)
-    return _mm(a, b, offs, fp32)
+    if offs is not None:
+        return _grouped_mm(a, b, offs, out_dtype=torch.float32 if fp32 else None)
+    return _mm_fp32(a, b) if fp32 else a @ b
 
 def _wgrad_x_fp8(recipe, fp8):
     """Whether forward keeps Wgrad's x as FP8 (values, scale) rather than packed: on FP8 GEMMs
@@ -1006,14 +1024,14 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     xw_fp8 = E4M3 if _wgrad_x_fp8(recipe, fp8) else None
     if packs and _unpadded(x, counts, recipe, dtype, aligned):
-        xq, xw = _operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag, packed_col=not xw_fp8,
-                               fp8=(e4, xw_fp8))
+        xq, xw = _quantize_operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag,
+                                        packed_col=not xw_fp8, fp8=(e4, xw_fp8))
     else:
-        xq = _operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
+        xq = _quantize_operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
         if packs:
-            xw = _operand(_wgrad_rows(x, counts, recipe, aligned)[0], op.wgrad_x, recipe, 0,
-                          _wgrad_dtype(x, dtype), tag, packed=not xw_fp8, fp8=xw_fp8)
-    wq = wq if wq is not None else _operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
+            xw = _quantize_operand(_wgrad_rows(x, counts, recipe, aligned)[0], op.wgrad_x, recipe, 0,
+                                   _wgrad_dtype(x, dtype), tag, packed=not xw_fp8, fp8=xw_fp8)
+    wq = wq if wq is not None else _quantize_operand(weight, op.fprop_w, recipe, -1, dtype, tag, fp8=e4)
     return _gemm(xq, _t(wq), _group_ends(counts), dtype, fast="fprop" in recipe.fp8_fast_accum), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
@@ -1027,24 +1045,24 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype, aligned):
-        dyq, dyq_w = _operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=(e5, e5))
+        dyq, dyq_w = _quantize_operand_pair(dy, op.dgrad_dy, op.wgrad_dy, recipe, dtype, tag, fp8=(e5, e5))
     elif need_dx:
-        dyq = _operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
+        dyq = _quantize_operand(dy, op.dgrad_dy, recipe, -1, dtype, tag, fp8=e5)
     if need_dx:
-        wq = wq if wq is not None else _operand(weight, op.dgrad_w, recipe, -2, dtype, tag, fp8=e4)
+        wq = wq if wq is not None else _quantize_operand(weight, op.dgrad_w, recipe, -2, dtype, tag, fp8=e4)
         dx = _gemm(dyq, wq, _group_ends(counts), dtype, fast="dgrad" in recipe.fp8_fast_accum).to(x_dtype)
     if need_dw:
         wdtype = _wgrad_dtype(dy, dtype)
         dy_pad, pad_offs = _wgrad_rows(dy, counts, recipe, aligned)
         if dyq_w is None:
-            dyq_w = _operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
+            dyq_w = _quantize_operand(dy_pad, op.wgrad_dy, recipe, 0, wdtype, tag, fp8=e5)
         if isinstance(x_or_q, QTensor):
             xq = _fp8_of_packed_x(x_or_q, tag) if fp8 else dequantize(x_or_q, wdtype)
         elif isinstance(x_or_q, tuple):  # FP8 (values, scale)
             xq = x_or_q
         else:
-            xq = _operand(_wgrad_rows(x_or_q, counts, recipe, aligned)[0], op.wgrad_x, recipe, 0, wdtype,
-                          tag, fp8=e4)
+            xq = _quantize_operand(_wgrad_rows(x_or_q, counts, recipe, aligned)[0], op.wgrad_x, recipe,
+                                   0, wdtype, tag, fp8=e4)
         dw = _gemm(_t(dyq_w), xq, pad_offs, dtype, fp32=True,
                    fast="wgrad" in recipe.fp8_fast_accum).to(weight.dtype)
     return dx, dw
@@ -1063,7 +1081,7 @@ def _seed_device(x):
     CPU for the torch reference (which int()s them: free on the CPU, a host sync on the GPU)."""
     return x.device if kernels_for(x) else torch.device("cpu")
 
-def _sr_seed(recipe, device):
+def _sr_seeds(recipe, device):
     """The six SR seeds of one layer call (int64 [6]), from torch's generator of `device`
     (_seed_device): reproducible under torch.manual_seed and saved with the RNG state in
     checkpoints. On the GPU they stay there (no host sync, so a CUDA graph replays fresh seeds)
@@ -1097,7 +1115,7 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
     and scale in the first two. weight_q: [] or the weight's cached FP8 operands (_cached_pairs).
     aligned: expert groups laid out in whole group_multiple rows (GroupedLinear.forward)."""
     r = _RECIPES_BY_KEY[recipe]
-    seed = _sr_seed(r, _seed_device(x))
+    seed = _sr_seeds(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device),
                     _cached_pairs(weight_q)[0], aligned)
@@ -1278,14 +1296,15 @@ class FP4Linear(_Quantized, nn.Linear):
         call it after each change to the weight (cache_weights). Only layers on FP8 GEMMs whose
         weight rounds to nearest (the same bits in every call) cache; returns whether this one does."""
         r = self.recipe
-        if not (_uses_fp8(r, None, self.weight.device) and not r.fprop.sr_b and not r.dgrad.sr_b):
+        weight_rtne = not (r.fprop.sr_b or r.dgrad.sr_b)
+        if not (_uses_fp8(r, None, self.weight.device) and weight_rtne):
             for name in self.CACHE:
                 setattr(self, name, None)
             return False
         op = _operands(r, torch.zeros(6, dtype=torch.int64))
         with torch.no_grad():
-            (wf, sf), (wd, sd) = _operand_pair(self.weight.detach(), op.fprop_w, op.dgrad_w, r,
-                                               torch.float32, self.tag, fp8=(E4M3, E4M3))
+            (wf, sf), (wd, sd) = _quantize_operand_pair(self.weight.detach(), op.fprop_w, op.dgrad_w,
+                                                        r, torch.float32, self.tag, fp8=(E4M3, E4M3))
         for name, t in zip(self.CACHE, (wf, sf, wd, sd)):
             old = getattr(self, name)
             if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.stride() == t.stride():
@@ -1431,7 +1450,7 @@ def saved_bytes(layer, x, dy=None):
     return sum(sizes)
 
 # -----------------------------------------------------------------------------
-# 6. Shrinkage diagnostics
+# 8. Shrinkage diagnostics
 
 def attenuation(x, xq):
     """alpha = <Q(A), A> / ||A||^2: how much of the coherent signal survives quantization."""

@@ -103,9 +103,9 @@ def breakdown(args):
         dy = torch.randn(T, n_out, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n_out, n_in, device="cuda") * 0.02
         op = fp4._operands(r, seeds)
-        q = lambda t, o, dim, packed=False: fp4._operand(  # noqa: E731
+        q = lambda t, o, dim, packed=False: fp4._quantize_operand(  # noqa: E731
             t, o, r, dim, torch.bfloat16, "", packed=packed)
-        pair = lambda t, a, b, packed_col=False: fp4._operand_pair(  # noqa: E731
+        pair = lambda t, a, b, packed_col=False: fp4._quantize_operand_pair(  # noqa: E731
             t, a, b, r, torch.bfloat16, "", packed_col)
         qx = q(x, op.wgrad_x, 0, packed=True)
         wfmt = fp4.get_format(r.wgrad.fmt)

@@ -641,7 +641,7 @@ def seeded_fp4_linear(x, w, r, rng_seed=0, counts=None):
     """fp4.fp4_linear after torch.manual_seed(rng_seed), and the SR seed it draws inside (on the
     CPU the six operand seeds are this one + 0..5, what manual_three_gemms assumes)."""
     torch.manual_seed(rng_seed)
-    seed = int(fp4._sr_seed(r, x.device)[0])
+    seed = int(fp4._sr_seeds(r, x.device)[0])
     torch.manual_seed(rng_seed)
     return fp4.fp4_linear(x, w, r, counts=counts), seed
 

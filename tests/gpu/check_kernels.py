@@ -117,12 +117,12 @@ def ieee_reference_scales():
         return
     orig = fp4.block_scales
 
-    def block_scales(amax, grid, scale_kind, tensor_scale=None):
+    def block_scales(amax, grid, scale_kind, s_enc=None):
         if scale_kind == "fp32":
             return amax / torch.full_like(amax, grid.qmax)
         if scale_kind == "e4m3":
-            return fp4.round_e4m3(amax / torch.full_like(amax, grid.qmax) * tensor_scale)
-        return orig(amax, grid, scale_kind, tensor_scale)
+            return fp4.round_e4m3(amax / torch.full_like(amax, grid.qmax) * s_enc)
+        return orig(amax, grid, scale_kind, s_enc)
     fp4.block_scales = block_scales
     print("NOTE fp4.block_scales: amax / qmax differs between CUDA and CPU (CUDA multiplies by the "
           "reciprocal of a Python-scalar divisor); the GPU reference below divides by a tensor "
