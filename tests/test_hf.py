@@ -240,13 +240,8 @@ def test_export_from_a_safetensors_file_with_model_args(tmp_path):
         hf.export(str(cut), str(tmp_path / "hf3"))
 
 # -----------------------------------------------------------------------------
-# train.py's init_from="hf:DIR" and its model.safetensors (run once train.py has them)
+# train.py's init_from="hf:DIR" and its model.safetensors
 
-def train_source():
-    with open(os.path.join(ROOT, "train.py")) as f:
-        return f.read()
-
-@pytest.mark.skipif("load_hf" not in train_source(), reason="train.py has no init_from='hf:DIR'")
 def test_train_fine_tunes_an_imported_model_in_fp4_and_exports_it(tmp_path):
     """A Llama directory -> train.py (ufp4) -> checkpoint and model.safetensors -> export ->
     transformers: the architecture comes from the directory, the trained weights go back out."""

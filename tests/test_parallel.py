@@ -179,18 +179,13 @@ def test_fsdp2_matches_one_process_bit_for_bit(tmp_path):
         assert_same(plain.state_dict(), step2, f"a plain model resumed from FSDP2 (tie={tie})")
 
 # -----------------------------------------------------------------------------
-# train.py's fsdp switch (runs once train.py has it)
+# train.py's fsdp switch
 
 def launch_train(ds, out, **kw):
     """train.py on two gloo processes; returns their output."""
     from train_helpers import tiny_args
     return launch([os.path.join(ROOT, "train.py")] + tiny_args(ds, str(out), **kw), timeout=300)
 
-def train_has_fsdp():
-    import train
-    return "fsdp" in train.DEFAULTS
-
-@pytest.mark.skipif(not train_has_fsdp(), reason="train.py has no fsdp switch")
 def test_train_fsdp_matches_the_flat_buffer_path_and_resumes(tmp_path):
     """fsdp=True against the flat all-reduced buffer on the same two ranks (ufp4, MoE with the
     sigmoid router): the same gradients and AdamW steps, so the same losses. No clipping here:
@@ -218,7 +213,6 @@ def test_train_fsdp_matches_the_flat_buffer_path_and_resumes(tmp_path):
     plain = GPT(GPTConfig(**ckpt["model_args"]))
     plain.load_state_dict(ckpt["model"])   # the gathered checkpoint is a plain model's
 
-@pytest.mark.skipif(not train_has_fsdp(), reason="train.py has no fsdp switch")
 def test_train_fsdp_in_one_process_without_torchrun(tmp_path):
     """fsdp=True in a plain `python train.py` (a one-rank process group of its own): the plain
     run's losses, and its checkpoint (optimizer keyed by name) resumes a plain run and back."""
@@ -242,7 +236,6 @@ def test_train_fsdp_in_one_process_without_torchrun(tmp_path):
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
 
 
-@pytest.mark.skipif(not train_has_fsdp(), reason="train.py has no fsdp switch")
 def test_train_fsdp_refuses_cuda_graphs():
     import train
     with pytest.raises(train.ConfigError, match="fsdp=True does not run under CUDA graphs"):
