@@ -2,6 +2,7 @@
 compile for sm_90 (no GPU needed) to about as few instructions per element as measured when they
 were tuned (docs/kernels.md, instruction counts). The quantizers are bound by instruction issue
 on the H200, so a rise here is a slowdown there."""
+import functools
 import importlib.util
 import os
 import re
@@ -50,8 +51,10 @@ LIMITS = {"x row-wise, RTNE (Fprop)": 28, "dy row-wise, SR (Dgrad)": 34.5,
 NO_SLOW = [k for k in LIMITS if "SR" in k or "dequantize" in k or "main loop" in k]
 
 
+@functools.cache
 def _has_ptxas():
-    """Whether this triton has the ptxas it compiles with (asked in a subprocess: see above)."""
+    """Whether this triton has the ptxas it compiles with (asked once, in a subprocess: see
+    above)."""
     ask = "import os; from triton import knobs; print(os.access(knobs.nvidia.ptxas.path, os.X_OK))"
     out = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, timeout=120)
     return out.stdout.strip() == "True"
