@@ -85,6 +85,21 @@ def fitting_recipes(model_args):
                 pass
     return fits
 
+
+def data_changes(trained, meta):
+    """How a dataset's meta.json differs from the one a checkpoint was trained on ("" where it
+    is the same data): the same name rebuilt from other text must not continue or score a run."""
+    if not trained:   # (a checkpoint without its meta)
+        return ""
+    names = lambda m: ", ".join(i.get("file", "?") for i in m.get("inputs", [])) or "-"
+    changes = [f"{key} {trained.get(key)} -> {meta.get(key)}"
+               for key in ("tokenizer", "vocab_size", "train_tokens", "val_tokens")
+               if trained.get(key) != meta.get(key)]
+    if [i.get("sha256") for i in trained.get("inputs", [])] != \
+            [i.get("sha256") for i in meta.get("inputs", [])]:
+        changes.append(f"built from other files ({names(trained)} -> {names(meta)})")
+    return "; ".join(changes)
+
 # -----------------------------------------------------------------------------
 # RNG states as tensors and plain values (torch.load's weights_only=True refuses numpy arrays)
 
@@ -409,6 +424,27 @@ def claim_out_dir(out_dir, init_from, resume_from, overwrite):
     if not overwrite:
         raise ConfigError(clash)
     return found + [f for f in (WEIGHTS, PLOT) if os.path.exists(os.path.join(out_dir, f))], []
+
+
+def check_rewind(src, iter_num, out_dir, overwrite):
+    """Resuming out_dir's own run from one of its older checkpoints (ckpt_best.pt, ckpt_prev.pt)
+    would replace its later ckpt.pt and cut log.jsonl back to iter_num: refused unless overwrite
+    says so. A ckpt.pt that does not read back whole (the reason to resume from ckpt_prev.pt) is
+    no later state to lose."""
+    latest = os.path.join(out_dir, LATEST)
+    if os.path.dirname(os.path.abspath(src)) != os.path.abspath(out_dir) or \
+            os.path.abspath(src) == os.path.abspath(latest) or not is_readable(latest):
+        return
+    later = torch.load(latest, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
+    if later <= iter_num:
+        return
+    if not overwrite:
+        raise ConfigError(f"resuming {src} (iter {iter_num}) in its own out_dir would replace "
+                          f"{latest} (iter {later}) and cut log.jsonl back to iter {iter_num}: "
+                          f"fork it into a new --out_dir, drop --resume_from to continue from "
+                          f"iter {later}, or go back in place with --overwrite=True")
+    print(f"note: --overwrite=True: going back from iter {later} to {src}'s {iter_num}; "
+          f"{latest} and log.jsonl's later records will be replaced", flush=True)
 
 
 def remove_run_files(out_dir, names):

@@ -28,7 +28,7 @@ import torch
 
 import data
 import fp4
-from checkpoint import LATEST, CheckpointError, load_model
+from checkpoint import LATEST, CheckpointError, data_changes, load_model
 from configurator import (ConfigError, check_backend, check_device, check_ranges, defaults_of,
                           help_text, parse, resolve_device, wants_help)
 from data.common import encoder, read_text_file
@@ -112,12 +112,10 @@ def split_tokens(c, ckpt):
         meta = data.load_meta(folder)
     except (ValueError, OSError) as e:
         raise ConfigError(str(e)) from None
-    if meta.get("vocab_size") != ckpt["meta"].get("vocab_size") or \
-            meta.get("tokenizer") != ckpt["meta"].get("tokenizer"):
-        raise ConfigError(f"{folder} is not the checkpoint's dataset (tokenizer "
-                          f"{meta.get('tokenizer')}, vocab {meta.get('vocab_size')}; the "
-                          f"checkpoint's: {ckpt['meta'].get('tokenizer')}, "
-                          f"{ckpt['meta'].get('vocab_size')})")
+    changes = data_changes(ckpt["meta"], meta)
+    if changes:
+        raise ConfigError(f"{folder} is not the data the checkpoint was trained on ({changes}): "
+                          f"prepare that data again, or evaluate a --text_file")
     ids = np.fromfile(path, dtype=np.dtype(meta.get("dtype", "uint16"))).astype(np.int64)
     if c["max_tokens"]:
         ids = ids[:c["max_tokens"]]

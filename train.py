@@ -17,8 +17,9 @@ the one before is kept as ckpt_prev.pt), ckpt_best.pt (the lowest val loss), mod
 (ckpt.pt's weights alone, for hf.py and other frameworks), log.jsonl (one JSON record per logged
 step and per eval), log.png (plot.py's picture of it, at the end) and, while the run lives,
 `lock`. A run owns its out_dir: a
-scratch run into a folder that holds a run stops (--overwrite=True replaces it), and so does a
-second live run. No checkpoint is written from a non-finite val loss or inside a streak of
+scratch run into a folder that holds a run stops (--overwrite=True replaces it), and so do a
+second live run and a resume from an older checkpoint of the folder's own run (ckpt_best.pt)
+that would replace its later ckpt.pt (--overwrite=True goes back). No checkpoint is written from a non-finite val loss or inside a streak of
 non-finite steps (see checkpoint.py for the checksum and the rotation).
 
 A checkpoint resumes on any number of processes; on the same number it continues every rank's
@@ -58,9 +59,9 @@ import fp4
 import hf
 import parallel
 from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, WEIGHTS, CheckpointError,
-                        claim_out_dir, load_checkpoint, lock_out_dir, make_recipe_from,
-                        remove_run_files, rng_state, save_checkpoint, set_rng_state,
-                        unlock_out_dir)
+                        check_rewind, claim_out_dir, data_changes, load_checkpoint, lock_out_dir,
+                        make_recipe_from, remove_run_files, rng_state, save_checkpoint,
+                        set_rng_state, unlock_out_dir)
 from configurator import (ConfigError, check_backend, check_device, check_ranges, defaults_of,
                           help_text, parse, wants_help)
 from data.common import decoder, sha256_file
@@ -78,7 +79,7 @@ eval_only = False            # evaluate once (the checkpoint with init_from=resu
 log_interval = 10            # log the training loss every this many iterations
 always_save_checkpoint = True  # else only when val loss improves
 checkpoint = True              # False: write no checkpoint at all (benchmarks)
-overwrite = False            # a scratch run may replace the run already in out_dir (its checkpoints, log)
+overwrite = False            # a scratch run may replace the run in out_dir; a resume may go back to its older checkpoint
 dry_run = False              # build and check everything, run one step, write nothing
 # wandb (never online unless asked for: by this key or the WANDB_MODE environment variable)
 wandb_log = False            # log to Weights & Biases
@@ -171,7 +172,7 @@ CHOICES = dict(wandb_mode=("", "offline", "online", "disabled"),
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
                router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"), sr_bits=(8, 16),
                lr_schedule=("cosine", "wsd", "constant"), dtype=("auto", "bfloat16", "float32"),
-               nonfinite_policy=("skip", "stop"),
+               nonfinite_policy=("skip", "stop"), dataset_tokenizer=("char", "gpt2"),
                compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
 # dense bf16 peak TFLOPS of one GPU (vendor datasheets, without sparsity), by name: for MFU
@@ -303,6 +304,8 @@ def configure(argv):
         return cfg, None
     cfg["out_dir"] = formatted_out_dir(cfg)   # the rest is checked once the checkpoint's keys are in
     ckpt, src = load_checkpoint(cfg["resume_from"] or os.path.join(cfg["out_dir"], LATEST))
+    if not (cfg["dry_run"] or cfg["eval_only"]):   # (these write nothing)
+        check_rewind(src, ckpt["iter_num"], cfg["out_dir"], cfg["overwrite"])
     stored = ckpt["config"]
     # a fork into another recipe leaves the old recipe's ablation keys behind
     other_recipe = "recipe" in given and cfg["recipe"] != stored.get("recipe")
@@ -785,6 +788,12 @@ def resume(run):
     c = run.c
     (ckpt, src), run.resumed = run.resumed, None
     check_compatible(ckpt, src, run.margs)
+    trained_on = ckpt["config"].get("data_dir"), ckpt["config"].get("dataset")
+    changes = data_changes(ckpt.get("meta"), run.meta)
+    if (c.data_dir, c.dataset) == trained_on and changes:
+        raise CheckpointError(f"{run.data_path} is not the data {src} was trained on ({changes}): "
+                              f"it was rebuilt since; prepare that data again, or give the new "
+                              f"data a name of its own (--dataset=NAME) to continue on it")
     try:
         load_states(run, ckpt)
     except (RuntimeError, ValueError, KeyError) as e:

@@ -89,6 +89,7 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--max_iters", "expected --key=value"),
     ("--compile_mode=fast", "'compile_mode' .* must be one of"),
     ("--sr_bits=12", "'sr_bits' .* must be one of \\(8, 16\\)"),
+    ("--dataset_tokenizer=bpe", "'dataset_tokenizer' .* must be one of \\('char', 'gpt2'\\)"),
     ("--init_from=pretrained", "init_from='pretrained': use 'scratch', 'resume' or 'hf:DIR'"),
     ("--init_from=hf:", "init_from='hf:': use"),
     ("--init_from=hf:no/such/dir", "no/such/dir holds no config.json"),
@@ -989,6 +990,22 @@ def test_following_the_recovery_hint_keeps_the_backup(ds, trained, tmp_path):
     assert train.load_checkpoint(str(out / "ckpt_prev.pt"))[0]["iter_num"] == 2
     assert train.load_checkpoint(str(out / "ckpt.pt"))[0]["iter_num"] == 4
 
+def test_resuming_an_older_checkpoint_in_place_needs_overwrite(ds, trained, tmp_path, capsys):
+    """ckpt_prev.pt (iter 2) resumed into its own out_dir would replace ckpt.pt (iter 4) and cut
+    the log back: refused, the run untouched; evaluating it is free; --overwrite=True goes back."""
+    out = copy_run(trained, tmp_path / "o")
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    prev = str(out / "ckpt_prev.pt")
+    with pytest.raises(train.ConfigError, match=r"ckpt_prev.pt \(iter 2\) in its own out_dir would "
+                                                r"replace .*ckpt.pt \(iter 4\).*--overwrite=True"):
+        run(ds, out, init_from="resume", resume_from=prev, max_iters=6)
+    run(ds, out, init_from="resume", resume_from=prev, eval_only=True)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    run(ds, out, init_from="resume", resume_from=prev, max_iters=3, eval_interval=2, overwrite=True)
+    assert "going back from iter 4" in capsys.readouterr().out
+    assert train.load_checkpoint(str(out / "ckpt.pt"))[0]["iter_num"] == 3
+    assert [r["iter"] for r in read_log(str(out))] == [0, 1, 2]
+
 def test_flipped_byte_in_a_checkpoint_is_refused(ds, trained, tmp_path):
     out = copy_run(trained, tmp_path / "o")
     ck = torch.load(out / "ckpt.pt", weights_only=True)
@@ -1041,6 +1058,25 @@ def test_changed_input_file_rebuilds_the_dataset(tmp_path, capsys):
     assert first != second
     meta = json.load(open(os.path.join(folder, "meta.json")))
     assert meta["inputs"][0]["sha256"] == train.sha256_file(str(text))
+
+def test_a_run_does_not_continue_on_its_dataset_rebuilt_from_other_text(tmp_path):
+    """A later run rebuilds the dataset of the same name from other text: resuming (or scoring)
+    the first run on it would compare val losses of two texts, so both refuse."""
+    import eval as eval_script
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    folder = str(tmp_path / "data" / "mine")
+    first = str(tmp_path / "a")
+    train.main(tiny_args(folder, first, dataset_input=str(text), max_iters=2, eval_interval=2))
+    assert eval_script.main([f"--out_dir={first}"])["loss"] > 0
+    text.write_text("To be, or not to be, that is the question?\n" * 300)   # same characters
+    train.main(tiny_args(folder, str(tmp_path / "b"), dataset_input=str(text), dry_run=True))
+    with pytest.raises(train.CheckpointError, match=r"is not the data .*ckpt.pt was trained on "
+                                                    r"\(train_tokens \d+ -> \d+; .*built from "
+                                                    r"other files \(.*input.txt ->"):
+        train.main([f"--out_dir={first}", "--init_from=resume", "--max_iters=4", "--device=cpu"])
+    with pytest.raises(train.ConfigError, match="is not the data the checkpoint was trained on"):
+        eval_script.main([f"--out_dir={first}"])
 
 def test_changed_tokenizer_rebuilds_the_dataset(tmp_path):
     text = tmp_path / "input.txt"
