@@ -73,6 +73,15 @@ class GPTConfig:
         if self.n_expert and self.moe_dense_layers >= self.n_layer:
             raise ValueError(f"moe_dense_layers={self.moe_dense_layers} leaves no MoE block "
                              f"among n_layer={self.n_layer}; use n_expert=0 for a dense model")
+        moe_only = {k: getattr(self, k) for k in ("expert_hidden", "n_shared_expert",
+                                                   "moe_dense_layers") if getattr(self, k)}
+        if not self.n_expert and moe_only:
+            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in moe_only.items())} shape MoE "
+                             f"blocks, and n_expert=0 makes a dense model: set n_expert, or drop them")
+        # torch._grouped_mm (the experts' GEMMs) takes rows of a multiple of 16 bytes (8 bf16)
+        if self.n_expert and (self.n_embd % 8 or self.expert_size % 8):
+            raise ValueError(f"the experts' grouped GEMM needs n_embd={self.n_embd} and the expert "
+                             f"width {self.expert_size} (expert_hidden) to be multiples of 8")
 
     # the auto sizes are resolved here, not stored, so dataclasses.replace(cfg, mlp=...) stays right
     @property

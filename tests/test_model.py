@@ -334,6 +334,10 @@ def test_update_router_bias_moves_load_toward_balance():
     (dict(router="hash"), "router"),
     (dict(n_embd=30, n_head=10), "even head size"),
     (dict(n_expert=4, moe_dense_layers=2), "moe_dense_layers"),
+    (dict(n_shared_expert=1), "n_shared_expert=1 shape MoE blocks"),
+    (dict(expert_hidden=64, moe_dense_layers=1), "expert_hidden=64, moe_dense_layers=1"),
+    (dict(n_expert=4, expert_hidden=20), "expert width 20"),
+    (dict(n_expert=4, n_embd=36, n_head=2, expert_hidden=64), "n_embd=36"),
 ])
 def test_config_validation(kw, match):
     with pytest.raises(ValueError, match=match):
