@@ -166,6 +166,9 @@ def parse_ints(spec, what, parser):
         if not m:
             parser.error(f"--{what}={spec!r}: expected numbers like 0,1,2 or a range 0-7")
         lo, hi = int(m[1]), int(m[2] or m[1])
+        if hi < lo:
+            parser.error(f"--{what}={spec!r}: the range {part.strip()} runs backwards: "
+                         f"write {hi}-{lo}")
         out.update(range(lo, hi + 1))
     if not out:
         parser.error(f"--{what} is empty")
@@ -493,6 +496,9 @@ def make_plan(args, extra, parser):
             train.get_config([args.config, *extra, *arm_args(arm)])
     except train.ConfigError as e:
         parser.error(str(e))
+    if args.end < 0:
+        parser.error(f"--end={args.end}: give the step every fork runs to (> 0), or 0 for the "
+                     f"config's max_iters")
     end = args.end or cfg["max_iters"]
     points = args.fork_at or [round(2 * end / 3)]
     if not all(0 < p < end for p in points):

@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import types
 
 import torch
 
@@ -75,9 +76,15 @@ def check_args(args, extra):
                          f"folder is --out, the recipes --recipes, the length --warmup/--iters)")
     for spec in specs:
         try:
-            train.get_config(train_args(args.config, spec, args.warmup, args.iters, args.out, extra))
+            cfg = train.get_config(train_args(args.config, spec, args.warmup, args.iters, args.out,
+                                              extra))
         except train.ConfigError as e:
             raise ValueError(f"recipe {spec!r}: {e}") from None
+    try:   # an unknown dataset, or missing input files: before any recipe has run
+        train.dataset_needs_build(types.SimpleNamespace(**cfg),
+                                  os.path.join(cfg["data_dir"], cfg["dataset"]))
+    except train.ConfigError as e:
+        raise ValueError(str(e)) from None
     return specs
 
 
@@ -151,7 +158,10 @@ def main(argv):
         sys.exit(f"error: {e}")
     if not torch.cuda.is_available():
         print("note: no GPU: these are CPU timings of the torch reference, not FP4 speed")
-    rows = run_rounds(args, recipes, extra)
+    try:
+        rows = run_rounds(args, recipes, extra)
+    except (train.ConfigError, checkpoint.CheckpointError) as e:   # e.g. no network for the data
+        sys.exit(f"error: {e}")
     base = rows[0]
     for row in rows:
         row["speed_vs_first"] = row["tok_per_s"] / base["tok_per_s"]

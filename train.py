@@ -254,7 +254,9 @@ def check_config(cfg):
     if cfg["resume_from"] and init != "resume":
         raise ConfigError(f"resume_from={cfg['resume_from']!r} is read only with --init_from=resume "
                           f"(init_from is {init!r}): add that, or drop --resume_from")
-    make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
+    recipe = make_recipe_from(cfg)  # unknown recipe names and bad ablation values fail here
+    if not init.startswith("hf:"):   # (an HF model's shape comes from its directory)
+        check_model_fits(cfg, recipe)
     if cfg["eval_only"] and init == "scratch":
         raise ConfigError("eval_only=True would evaluate a freshly initialized model: add "
                           "--init_from=resume (out_dir's ckpt.pt, or --resume_from=PATH)")
@@ -338,6 +340,18 @@ def model_config(cfg, vocab, fixed=None):
         return GPTConfig(**args)
     except ValueError as e:
         raise ConfigError(f"model config: {e}") from None
+
+
+def check_model_fits(cfg, recipe):
+    """The model the config describes is valid and its widths fit the recipe's blocks, checked
+    on the meta device (free) before any data or weights; no quantized layer sees the
+    vocabulary, so an unknown one (0: the dataset's) stands in as 1."""
+    with torch.device("meta"):
+        model = GPT(model_config(cfg, cfg["vocab_size"] or 1))
+        try:
+            fp4.convert(model, recipe)
+        except ValueError as e:
+            raise ConfigError(f"the model does not fit recipe {recipe.name!r}: {e}") from None
 
 
 def set_sr_bits(bits):

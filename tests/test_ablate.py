@@ -199,6 +199,11 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     for argv, msg in ((["fork", "configs/gpt_ablate.py", "--arms=fp5", "--out=x"], "unknown arm"),
                       (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--seed=3"], "ablate.py sets"),
                       (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--fork_at=9999"], "strictly between"),
+                      (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--arms=mxfp4",
+                        "--n_embd=48", "--n_head=2"], "does not fit recipe 'mxfp4'"),
+                      (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--end=-5"], "--end=-5: give"),
+                      (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--bases=3-1"],
+                       "the range 3-1 runs backwards"),
                       (["seeds", "configs/gpt_ablate.py", "--seeds=a"], "expected numbers")):
         with pytest.raises(SystemExit):
             ablate.main(argv)

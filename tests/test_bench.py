@@ -71,6 +71,9 @@ def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
                       (["--rounds=0"], "--rounds must be >= 1"),
                       (["--recipes=bf16,ufp4+recipe_format=foo"], "unknown format 'foo'"),
                       (["--recipes=bf16,ufp4,bf16"], r"names \['bf16'\] more than once"),
+                      (["--recipes=bf16,mxfp4", "--n_embd=48", "--n_head=2"],
+                       r"recipe 'mxfp4': the model does not fit recipe 'mxfp4'.*multiples of 32"),
+                      ([f"--data_dir={tmp_path}", "--dataset=nope"], "unknown dataset 'nope'"),
                       ([f"--out={tmp_path / 'runs'}", "--recipes=bf16,ufp4"],
                        r"runs/ufp4 holds another run's ckpt.pt, which bench.py would delete")):
         with pytest.raises(SystemExit, match=msg):
