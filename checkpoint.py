@@ -286,7 +286,9 @@ def _read(path, map_location="cpu"):
             raise CheckpointError(f"{path} holds Python objects other than tensors and plain "
                                   f"values (a checkpoint of an older train.py, or not ours): "
                                   f"refusing to load it ({why})") from None
-        if "Unsupported operand" in why:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if "Unsupported operand" in why or head and head != b"PK\x03\x04":
             raise CheckpointError(f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): "
                                   f"torch.save did not write it (a corrupt file, or another kind of "
                                   f"file: name a ckpt.pt)") from None

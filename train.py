@@ -1221,6 +1221,12 @@ def main(argv=None):
         if run.c.eval_only:
             return evaluate(run)["val"]
         return train(run)
+    except KeyboardInterrupt:
+        if run.master:
+            how = " (continue with --init_from=resume)" if run.healthy else ""
+            print(f"\ninterrupted at iter {run.iter_num}; {describe_healthy(run)}{how}",
+                  file=sys.stderr, flush=True)
+        raise
     finally:
         run.close()
         # torch's default: leave the process as we found it. Only this thread's flag can be reset:
@@ -1248,6 +1254,8 @@ if __name__ == "__main__":
     except (ConfigError, CheckpointError, NonFiniteError) as e:
         print(f"error: {e}", file=sys.stderr)
         _exit(1)
+    except KeyboardInterrupt:   # (main said where the run stands)
+        _exit(130)
     except Exception:   # e.g. a collective timeout: its traceback, then the same clean exit
         traceback.print_exc()
         _exit(1)

@@ -645,13 +645,16 @@ def test_checkpoint_contents(trained):
     assert (trained / "ckpt_prev.pt").exists()
     assert torch.load(trained / "ckpt_prev.pt", weights_only=False)["iter_num"] == 2
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
-def test_corrupt_checkpoint_is_a_clear_error(ds, trained, tmp_path, damage):
+@pytest.mark.parametrize("damage, why", [("truncate", "truncated or corrupt"),
+                                         ("garbage", "torch.save did not write it"),
+                                         ("text", "torch.save did not write it"),
+                                         ("empty", "truncated or corrupt")])
+def test_corrupt_checkpoint_is_a_clear_error(ds, trained, tmp_path, damage, why):
     path = tmp_path / "ckpt.pt"
     blob = (trained / "ckpt.pt").read_bytes()
     path.write_bytes({"truncate": blob[: len(blob) // 2], "garbage": b"\x00junk" * 100,
-                      "empty": b""}[damage])
-    with pytest.raises(train.CheckpointError, match=f"cannot read checkpoint {path}.*corrupt"):
+                      "text": b"root:x:0:0:root:/root:/bin/bash\n", "empty": b""}[damage])
+    with pytest.raises(train.CheckpointError, match=f"cannot read checkpoint {path} .*{why}"):
         run(ds, tmp_path, init_from="resume", max_iters=6)
 
 def test_incompatible_checkpoint_is_a_clear_error(ds, trained, tmp_path):
@@ -880,6 +883,20 @@ def test_two_runs_started_together_one_refused(ds, tmp_path):
     assert codes == [0, 1], outs
     assert "is in use by a live run" in errs or "holds a run" in errs, errs
     assert [r["iter"] for r in read_log(str(tmp_path / "o"))] == list(range(30))
+
+def test_ctrl_c_says_where_the_run_stands(ds, tmp_path, monkeypatch, capsys):
+    step = train.train_step
+    def interrupted_at_3(run, lr):
+        if run.iter_num == 3:
+            raise KeyboardInterrupt
+        return step(run, lr)
+    monkeypatch.setattr(train, "train_step", interrupted_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        run(ds, tmp_path, max_iters=6, eval_interval=2)
+    assert re.search(r"interrupted at iter 3; the last healthy checkpoint is .*ckpt.pt \(iter 2, "
+                     r"val loss \d\.\d{4}\) \(continue with --init_from=resume\)",
+                     capsys.readouterr().err)
+    assert not (tmp_path / "lock").exists()
 
 def test_stale_lock_of_a_killed_run_is_taken_over(ds, tmp_path, capsys):
     tmp_path.joinpath("lock").write_text("999999\n")   # a lock file nobody holds
