@@ -6,7 +6,9 @@
 #            mxfp4 and mxint4 on FP8 GEMMs (opt-in: recipe_fp8_gemm=True), Wgrad's x kept packed
 #            and as FP8 (recipe_fp8_wgrad_x=fp8), dense GPT-2 small (about 310 s)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
-#   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (about 400 s)
+#   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate (about 400 s
+#            warm; on a fresh machine on 2026-12-05, alone in its call, it passed its 560 s limit in
+#            round 2: there, drop a recipe or a round)
 #   fp8_moe  the table of the MoE: ufp4, mxfp4 and mxint4 on FP8 GEMMs, and mxfp4 with all three
 #            GEMMs in fast accumulation (five recipes in two rounds: close to the 10-minute limit)
 #   fp8_medium, fp8_large  bf16 against mxfp4 on FP8 GEMMs at GPT-2 medium (24 x 1024) and large
@@ -33,6 +35,7 @@ one() {  # name, seconds, then bench.py arguments
     local name=$1 limit=$2; shift 2
     timeout "$limit" python3 bench.py "$@" --out="out/bench_$name" > "out/bench_$name.log" 2>&1
     echo "== $name rc=$?" >> "$OUT/bench.log"; tail -15 "out/bench_$name.log" >> "$OUT/bench.log"
+    cp "out/bench_$name.log" "$OUT/$name.log"   # whole: a run cut by its limit keeps its finished recipes
     cp "out/bench_$name/bench.md" "$OUT/$name.md" 2>/dev/null
     cp "out/bench_$name/bench.json" "$OUT/$name.json" 2>/dev/null
 }
