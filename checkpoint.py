@@ -91,13 +91,14 @@ def data_changes(trained, meta):
     is the same data): the same name rebuilt from other text must not continue or score a run."""
     if not trained:   # (a checkpoint without its meta)
         return ""
-    names = lambda m: ", ".join(i.get("file", "?") for i in m.get("inputs", [])) or "-"
     changes = [f"{key} {trained.get(key)} -> {meta.get(key)}"
                for key in ("tokenizer", "vocab_size", "train_tokens", "val_tokens")
                if trained.get(key) != meta.get(key)]
-    if [i.get("sha256") for i in trained.get("inputs", [])] != \
-            [i.get("sha256") for i in meta.get("inputs", [])]:
-        changes.append(f"built from other files ({names(trained)} -> {names(meta)})")
+    inputs = [[(i.get("file", "?"), i.get("sha256")) for i in m.get("inputs", [])]
+              for m in (trained, meta)]
+    if [d for _, d in inputs[0]] != [d for _, d in inputs[1]]:
+        old, new = (", ".join(f for f, _ in files) or "-" for files in inputs)
+        changes.append(f"built from other files ({old} -> {new})")
     return "; ".join(changes)
 
 # -----------------------------------------------------------------------------

@@ -16,11 +16,11 @@ Outputs in out_dir, by rank 0 alone: ckpt.pt (the latest healthy checkpoint, wri
 the one before is kept as ckpt_prev.pt), ckpt_best.pt (the lowest val loss), model.safetensors
 (ckpt.pt's weights alone, for hf.py and other frameworks), log.jsonl (one JSON record per logged
 step and per eval), log.png (plot.py's picture of it, at the end) and, while the run lives,
-`lock`. A run owns its out_dir: a
-scratch run into a folder that holds a run stops (--overwrite=True replaces it), and so do a
-second live run and a resume from an older checkpoint of the folder's own run (ckpt_best.pt)
-that would replace its later ckpt.pt (--overwrite=True goes back). No checkpoint is written from a non-finite val loss or inside a streak of
-non-finite steps (see checkpoint.py for the checksum and the rotation).
+`lock`. A run owns its out_dir: a scratch run into a folder that holds a run stops
+(--overwrite=True replaces it), and so do a second live run and a resume from an older
+checkpoint of the folder's own run (ckpt_best.pt) that would replace its later ckpt.pt
+(--overwrite=True goes back). No checkpoint is written from a non-finite val loss or inside a
+streak of non-finite steps (see checkpoint.py for the checksum and the rotation).
 
 A checkpoint resumes on any number of processes; on the same number it continues every rank's
 data and RNG streams exactly, on another number the data order changes (ranks that existed
@@ -79,7 +79,7 @@ eval_only = False            # evaluate once (the checkpoint with init_from=resu
 log_interval = 10            # log the training loss every this many iterations
 always_save_checkpoint = True  # else only when val loss improves
 checkpoint = True              # False: write no checkpoint at all (benchmarks)
-overwrite = False            # a scratch run may replace the run in out_dir; a resume may go back to its older checkpoint
+overwrite = False            # a scratch run may replace out_dir's run; a resume may go back in it
 dry_run = False              # build and check everything, run one step, write nothing
 # wandb (never online unless asked for: by this key or the WANDB_MODE environment variable)
 wandb_log = False            # log to Weights & Biases
