@@ -73,17 +73,21 @@ def build_model(ckpt, recipe, path="the checkpoint"):
         raise CheckpointError(f"{path}: the weights do not fit the model: {e}") from e
     return model
 
+def recipe_misfit(config, recipe):
+    """Why the model of GPTConfig `config` does not fit `recipe` (a name or an fp4 recipe): its
+    widths against the recipe's blocks; "" where it fits. Built on the meta device: free."""
+    with torch.device("meta"):
+        try:
+            fp4.convert(GPT(config), recipe)
+        except ValueError as e:
+            return str(e)
+    return ""
+
+
 def fitting_recipes(model_args):
-    """The recipe presets whose blocks fit the model's widths (built on the meta device: free)."""
-    fits = []
-    for name in fp4.RECIPES:
-        with torch.device("meta"):
-            try:
-                fp4.convert(GPT(GPTConfig(**model_args)), name)
-                fits.append(name)
-            except ValueError:
-                pass
-    return fits
+    """The recipe presets whose blocks fit the model's widths."""
+    config = GPTConfig(**model_args)
+    return [name for name in fp4.RECIPES if not recipe_misfit(config, name)]
 
 
 def data_changes(trained, meta):
@@ -436,9 +440,12 @@ def check_rewind(src, iter_num, out_dir, overwrite):
     no later state to lose."""
     latest = os.path.join(out_dir, LATEST)
     if os.path.dirname(os.path.abspath(src)) != os.path.abspath(out_dir) or \
-            os.path.abspath(src) == os.path.abspath(latest) or not is_readable(latest):
+            os.path.abspath(src) == os.path.abspath(latest) or not os.path.exists(latest):
         return
-    later = torch.load(latest, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
+    try:
+        later = _read(latest)["iter_num"]
+    except CheckpointError:
+        return
     if later <= iter_num:
         return
     if not overwrite:

@@ -60,8 +60,8 @@ import hf
 import parallel
 from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, WEIGHTS, CheckpointError,
                         check_rewind, claim_out_dir, data_changes, load_checkpoint, lock_out_dir,
-                        make_recipe_from, remove_run_files, rng_state, save_checkpoint,
-                        set_rng_state, unlock_out_dir)
+                        make_recipe_from, recipe_misfit, remove_run_files, rng_state,
+                        save_checkpoint, set_rng_state, unlock_out_dir)
 from configurator import (ConfigError, check_backend, check_device, check_ranges, defaults_of,
                           help_text, parse, wants_help)
 from data.common import decoder, sha256_file
@@ -343,15 +343,12 @@ def model_config(cfg, vocab, fixed=None):
 
 
 def check_model_fits(cfg, recipe):
-    """The model the config describes is valid and its widths fit the recipe's blocks, checked
-    on the meta device (free) before any data or weights; no quantized layer sees the
-    vocabulary, so an unknown one (0: the dataset's) stands in as 1."""
-    with torch.device("meta"):
-        model = GPT(model_config(cfg, cfg["vocab_size"] or 1))
-        try:
-            fp4.convert(model, recipe)
-        except ValueError as e:
-            raise ConfigError(f"the model does not fit recipe {recipe.name!r}: {e}") from None
+    """The model the config describes is valid and its widths fit the recipe's blocks, before
+    any data or weights; no quantized layer sees the vocabulary, so an unknown one (0: the
+    dataset's) stands in as 1."""
+    why = recipe_misfit(model_config(cfg, cfg["vocab_size"] or 1), recipe)
+    if why:
+        raise ConfigError(f"the model does not fit recipe {recipe.name!r}: {why}")
 
 
 def set_sr_bits(bits):
