@@ -1379,6 +1379,38 @@ def cache_weights(model):
     Returns the number of layers that cache."""
     return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 
+class WeightCache:
+    """cache_weights for a training loop: refresh() after every change to the weights (train.py:
+    at the start and after each optimizer step). With graph=True on CUDA the first refresh runs
+    eagerly and later ones replay it as one CUDA graph: eager, each layer's quantize calls cost
+    host time while the GPU waits for the next step (docs/performance.md). The graph reads each
+    weight where it lay: a weight replaced by another tensor, or a changed recipe, captures
+    afresh."""
+
+    def __init__(self, model, graph=False):
+        self.model, self.use_graph = model, graph
+        self.graph, self.key, self.layers = None, None, []
+
+    def _key(self):
+        return [(m._recipe_key, m.weight.data_ptr()) for m in self.model.modules() if isinstance(m, FP4Linear)]
+
+    def refresh(self):
+        """Quantizes the weights for the calls until the next refresh; returns the number of
+        layers that cache."""
+        if self.graph is not None and self._key() == self.key:
+            self.graph.replay()
+            for m in self.layers:  # what the eager check compares: these operands are current
+                m._cached_for = m._cache_key()
+            return len(self.layers)
+        self.graph = None
+        n = cache_weights(self.model)
+        self.layers = [m for m in self.model.modules() if isinstance(m, FP4Linear) and m.weight_fprop is not None]
+        if n and self.use_graph and self.layers[0].weight.is_cuda:
+            self.graph, self.key = torch.cuda.CUDAGraph(), self._key()
+            with torch.cuda.graph(self.graph):  # records the in-place copies into the cache
+                cache_weights(self.model)
+        return n
+
 def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
     """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
     GroupedLinears), except blocks the recipe keeps in bf16 and the modules named in `keep` with

@@ -397,6 +397,7 @@ class Run:
         self.healthy = None   # (path, iter, val loss) of the last checkpoint known good
         self.resumed = None   # (checkpoint, its path) to resume from, until resume() takes it
         self.ddp = self.own_group = False
+        self.weight_cache = None   # fp4.WeightCache, from the first cache_weights(run)
 
     def log(self, *msg):
         if self.master:
@@ -1032,9 +1033,12 @@ def train_step(run, lr):
 
 def cache_weights(run):
     """Quantize the weights once per optimizer step where the layers can keep them (FP8 GEMMs:
-    fp4.cache_weights); not under fsdp, whose layers hold shards."""
+    fp4.cache_weights), as one replayed CUDA graph under CUDA graphs (fp4.WeightCache); not
+    under fsdp, whose layers hold shards."""
     if not run.c.fsdp:
-        fp4.cache_weights(run.raw_model)
+        if run.weight_cache is None:
+            run.weight_cache = fp4.WeightCache(run.raw_model, graph=run.graphs)
+        run.weight_cache.refresh()
 
 
 def skip_nonfinite_step(run, loss, grad_norm):

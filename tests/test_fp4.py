@@ -1319,6 +1319,27 @@ def test_cache_weights_equals_quantizing_per_call():
     assert "weight_fprop" not in lin.state_dict()
 
 
+def test_weight_cache_refreshes_like_cache_weights():
+    """fp4.WeightCache.refresh() caches what cache_weights does (graph=True on CPU tensors: no
+    CUDA graph, eager refreshes) and keeps the eager staleness check: current after each
+    refresh, an error after a weight change without one."""
+    torch.manual_seed(0)
+    lin = fp4.FP4Linear(96, 128, bias=False, recipe=fp4.make_recipe("mxfp4", fp8_gemm=True))
+    weights = fp4.WeightCache(lin, graph=True)
+    assert weights.refresh() == 1 and weights.graph is None and weights.layers == [lin]
+    x = torch.randn(64, 96)
+    for step in range(2):
+        with torch.no_grad():
+            lin.weight.add_(0.01)
+        with pytest.raises(RuntimeError, match="cache_weights"):
+            lin(x)
+        weights.refresh()
+        cached = lin(x)
+        lin.weight_fprop = None  # quantized in the call
+        assert torch.equal(cached, lin(x))
+        weights.refresh()
+
+
 @pytest.mark.parametrize("wgrad_x", ["packed", "fp8"])
 def test_fp8_telemetry_reports_the_window(wgrad_x, monkeypatch):
     """Every operand of a layer on FP8 GEMMs reports its blocks out of the window; Wgrad's x (kept

@@ -16,7 +16,7 @@ Every compile goes through train.torch_compile, as train.py's does.
 4. CUDA graphs (compile mode 'reduce-overhead'): no cudagraph skip, the same loss as eager, and
    every replay draws fresh SR seeds (dW of two replays on the same batch differ, both close to
    eager's)
-5. weights cached per optimizer step (fp4.cache_weights, mxfp4 on FP8 GEMMs, CUDA graphs): the
+5. weights cached per optimizer step (fp4.WeightCache, mxfp4 on FP8 GEMMs, CUDA graphs): the
    same losses over 4 AdamW steps as quantizing the weights in every call
 6. the compiled 2048-wide GPT (mxfp4; LayerNorm with bf16 and with FP8 GEMMs, RMSNorm) repeats
    its loss and its FP4 layers' dW (math attention) on the same batch and weights, with finite
@@ -241,15 +241,17 @@ def cuda_graphs():
 
 
 def cached_weights():
-    """fp4.cache_weights as train.py uses it, under torch.compile (CUDA graphs on the GPU):
-    refreshed after each AdamW step, the model gives the same losses as quantizing its weights
-    in every call, step after step (a replay that read a stale copy would not)."""
+    """fp4.WeightCache as train.py uses it, under torch.compile (CUDA graphs on the GPU, where the
+    refresh itself is a replayed graph): refreshed after each AdamW step, the model gives the
+    same losses as quantizing its weights in every call, step after step (a replay that read a
+    stale copy would not), and its eager forward takes the replayed cache as current."""
     x, y = batch()
     runs = []
     for cache in (True, False):
         torch._dynamo.reset()
         m = gpt(fp4.make_recipe("mxfp4", fp8_gemm=True))
-        n = fp4.cache_weights(m) if cache else 0
+        weights = fp4.WeightCache(m, graph=not CPU)  # as train.py: replayed as a CUDA graph
+        n = weights.refresh() if cache else 0
         comp = train.torch_compile(m, mode="default" if CPU else "reduce-overhead")
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
         losses = []
@@ -262,7 +264,10 @@ def cached_weights():
             opt.step()
             opt.zero_grad(set_to_none=True)
             if cache:
-                fp4.cache_weights(m)
+                weights.refresh()
+        if cache:  # the eager model takes the replayed cache as current
+            with autocast():
+                m(x, y)
         runs.append((n, losses))
         del m, comp, opt
     (n, cached), (_, fresh) = runs
