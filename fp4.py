@@ -1391,8 +1391,11 @@ class WeightCache:
         self.model, self.use_graph = model, graph
         self.graph, self.key, self.layers = None, None, []
 
-    def _key(self):
-        return [(m._recipe_key, m.weight.data_ptr()) for m in self.model.modules() if isinstance(m, FP4Linear)]
+    def _linears(self):
+        return [m for m in self.model.modules() if isinstance(m, FP4Linear)]
+
+    def _key(self):  # what the captured graph depends on: each weight's recipe and address
+        return [(m._recipe_key, m.weight.data_ptr()) for m in self._linears()]
 
     def refresh(self):
         """Quantizes the weights for the calls until the next refresh; returns the number of
@@ -1404,7 +1407,7 @@ class WeightCache:
             return len(self.layers)
         self.graph = None
         n = cache_weights(self.model)
-        self.layers = [m for m in self.model.modules() if isinstance(m, FP4Linear) and m.weight_fprop is not None]
+        self.layers = [m for m in self._linears() if m.weight_fprop is not None]
         if n and self.use_graph and self.layers[0].weight.is_cuda:
             self.graph, self.key = torch.cuda.CUDAGraph(), self._key()
             with torch.cuda.graph(self.graph):  # records the in-place copies into the cache
