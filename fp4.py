@@ -264,9 +264,12 @@ def block_scales(amax, grid, scale_kind, s_enc=None):
     raise ValueError(f"unknown scale kind {scale_kind!r}")
 
 def tensor_scale_for(x, fmt):
-    """NVFP4's fp32 per-tensor encode scale s_enc = qmax * 448 / amax(x) (1 when x is all zero)."""
+    """NVFP4's fp32 per-tensor encode scale s_enc = qmax * 448 / amax(x) (1 when x is all zero),
+    at most fp32's largest value: below amax ~8e-36 the quotient overflows, and an infinite s_enc
+    would turn the tensor's zeros into NaN (0 * inf)."""
     amax = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
     s_enc = torch.full_like(amax, GRIDS[fmt.grid].qmax * E4M3_MAX) / amax  # (scalar / t rounds twice)
+    s_enc = torch.clamp(s_enc, max=torch.finfo(torch.float32).max)        # (a NaN amax stays NaN)
     return torch.where(amax == 0, torch.ones_like(s_enc), s_enc)
 
 def pack_codes(codes):

@@ -799,10 +799,11 @@ def _store_packed(code, sc, a, r0, k0, NR, NK, codes_ptr, scales_ptr, R: tl.cons
 @triton.jit
 def _s_enc(amax_ptr, senc_ptr, QMAX: tl.constexpr, FIRST):
     """NVFP4's tensor scale from the tensor amax (int32 bits of a non-negative float or NaN, as
-    _amax_kernel leaves them): s_enc = qmax 448 / amax, 1 when amax is 0 (fp4.tensor_scale_for).
-    The first program also stores it (the QTensor's tensor_scale)."""
+    _amax_kernel leaves them): s_enc = qmax 448 / amax, at most fp32's largest value, 1 when amax
+    is 0 (fp4.tensor_scale_for). The first program also stores it (the QTensor's tensor_scale)."""
     amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
-    s = tl.where(amax == 0.0, 1.0, tl.div_rn(tl.zeros_like(amax) + QMAX * 448.0, amax))
+    s = tl.minimum(tl.div_rn(tl.zeros_like(amax) + QMAX * 448.0, amax), 3.4028234663852886e38)
+    s = tl.where(amax == 0.0, 1.0, tl.where(amax != amax, amax, s))  # (a NaN amax: NaN)
     tl.store(senc_ptr, s, mask=FIRST)
     return s
 

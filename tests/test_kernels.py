@@ -269,6 +269,20 @@ def test_tiny_tensor_huge_tensor_scale():
             check_rtne(x, fmt_of(name), dim, rht, dtypes=(torch.float32, torch.bfloat16))
 
 
+def test_tensor_scale_capped_for_the_tiniest_tensors():
+    """amax below ~8e-36: qmax 448 / amax overflows fp32, so s_enc is capped at fp32's largest
+    value; the tensor's zeros stay zero (0 * inf was NaN) and the kernels match the reference."""
+    for scale in (1e-37, 1e-42):
+        x = randn(32, 64, seed=9) * (scale / 1024)  # (randn's rows span 2^-8..2^7)
+        x[0, :5] = 0
+        for name in (n for n, f in fp4.FORMATS.items() if f.scale == "e4m3"):
+            for dim, rht in ((1, None), (0, 16)):
+                check_rtne(x, fmt_of(name), dim, rht)
+            out = kernels.fake_quant(x, name, dtype=torch.float32)
+            assert out.isfinite().all() and out[0, :5].eq(0).all(), (name, scale)
+            assert kernels.quantize(x, name).tensor_scale == torch.finfo(torch.float32).max
+
+
 # -----------------------------------------------------------------------------
 # Both orientations from one read
 
