@@ -1421,7 +1421,7 @@ def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
     """Swap the linears of model.<blocks_attr>[i] for FP4Linear (and set the recipe of their
     GroupedLinears), except blocks the recipe keeps in bf16 and the modules named in `keep` with
     all they hold (an entry matches a name's last dotted parts: "router", "attn.qkv"). Linears
-    named in `keep_x` save their input x for Wgrad rather than packed codes (FP4Linear.pack_x):
+    named in `keep_x` (matched as in `keep`) save their input x for Wgrad rather than packed codes (FP4Linear.pack_x):
     for a layer whose input another op saves for backward anyway, where a packed copy would add
     memory. Both default to the model's own `fp4_keep` and `fp4_keep_x` (model.GPT names its
     router, and its attention output projection, whose input is a view of SDPA's saved output on
@@ -1441,11 +1441,11 @@ def convert(model, recipe, blocks_attr="blocks", keep=None, keep_x=None):
                 check_dims(r, mod.in_features, mod.out_features)
                 mod.recipe, mod.tag = r, f"{blocks_attr}.{i}.{name}"
                 if isinstance(mod, FP4Linear):
-                    mod.pack_x = name not in keep_x
+                    mod.pack_x = not _kept(name, keep_x)
             elif isinstance(mod, nn.Linear):
                 check_dims(r, mod.in_features, mod.out_features)
                 new = FP4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
-                                recipe=r, device="meta", pack_x=name not in keep_x)
+                                recipe=r, device="meta", pack_x=not _kept(name, keep_x))
                 new.weight, new.tag = mod.weight, f"{blocks_attr}.{i}.{name}"
                 if mod.bias is not None:
                     new.bias = mod.bias

@@ -840,6 +840,10 @@ def test_convert_keeps_named_modules_and_what_they_hold():
     for key in ("keep", "keep_x"):
         with pytest.raises(ValueError, match=r"\['attn.qvk'\] match no module"):
             fp4.convert(GPT(GPTConfig(**cfg)), "ufp4", **{key: ["attn.qvk"]})
+    for keep_x in ("attn.proj", "proj", ["attn"]):  # matched as keep is: a name's last parts, or what holds it
+        m = fp4.convert(GPT(GPTConfig(**cfg)), "ufp4", keep_x=keep_x)
+        assert not m.blocks[0].attn.proj.pack_x and m.blocks[0].mlp.fc1.pack_x, keep_x
+        assert m.blocks[0].attn.qkv.pack_x == (keep_x != ["attn"]), keep_x
     moe = fp4.convert(GPT(GPTConfig(**cfg, n_expert=4)), "ufp4")  # GPT's own fp4_keep, fp4_keep_x
     assert type(moe.blocks[0].mlp.router) is nn.Linear, "the router stays bf16"
     assert not moe.blocks[0].attn.proj.pack_x and moe.blocks[0].attn.qkv.pack_x
