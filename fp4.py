@@ -899,9 +899,10 @@ def _wgrad_block_rows(recipe):
     return math.lcm(get_format(g.fmt).block, recipe.rht_size if g.rht else 1) if g.fmt else 1
 
 def _wgrad_padding(recipe, n_rows, counts, device, aligned=False):
-    """Wgrad quantizes x and dy in blocks along the tokens: (rows per block, rows after padding
-    to whole blocks). Experts pad each group to group_multiple, to the static bound
-    n_rows + E (multiple - 1): no host sync; aligned groups need no padding."""
+    """Wgrad quantizes x and dy in blocks along the tokens: (the multiple the rows, or each
+    expert's group of rows, are padded to; the rows after padding). Experts pad each group to
+    group_multiple, in a static bound (_padded_bound): no host sync; aligned groups need no
+    padding."""
     if counts is None:
         multiple = _wgrad_block_rows(recipe)
         return multiple, n_rows + (-n_rows % multiple)
@@ -909,7 +910,10 @@ def _wgrad_padding(recipe, n_rows, counts, device, aligned=False):
     return multiple, n_rows if aligned else _padded_bound(n_rows, counts.shape[0], multiple)
 
 def _padded_bound(n_rows, groups, multiple):
-    """The most rows n_rows rows in `groups` groups take, each group padded to `multiple`."""
+    """A static bound on the rows n_rows rows in `groups` groups take, each group padded to
+    `multiple`: n_rows + groups (multiple - 1), rounded up to a multiple (a few rows above the
+    most they can take, kept because the bound sets the padded tensor's shape, and with it the
+    SR counters of its column-wise blocks)."""
     return (n_rows + groups * (multiple - 1) + multiple - 1) // multiple * multiple
 
 def group_layout(counts, multiple, n_rows):
