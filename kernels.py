@@ -44,7 +44,7 @@ with SR_BITS Philox bits per element) -> code and dequantized value. NVFP4's ten
 from a first pass (_amax_kernel), an FP8 side's plain amax from a flat one (_flat_amax_kernel):
 no host sync. The kernels are bound by instruction issue, so
 no kernel converts int <-> float or rounds to an integer per element (those run at 1/8 of the
-fp32 rate): bit tricks instead (_small_f32, _grid_mag, _floor_m1). On the GPU the GEMM
+fp32 rate): bit tricks instead (_small_f32, _small_int, _grid_mag, _floor_m1). On the GPU the GEMM
 dequantizes with a few lines of PTX (_dequant_operand). fp32 -> bf16 (and fp8_from_packed's
 fp32 -> FP8) casts happen in the kernel on the GPU (hardware RNE); under TRITON_INTERPRET the
 kernel writes fp32 and torch casts (the interpreter truncates). So do bf16 block scales, which
@@ -179,6 +179,13 @@ def _small_f32(i):
     """int32 0 <= i < 2^23 -> fp32, exactly: 2^23 + i by its bits, minus 2^23. Two full-rate
     instructions where a conversion (I2FP) runs at an eighth of the rate on the H200."""
     return (i | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _small_int(v):
+    """fp32 holding an integer 0 <= v < 2^23 -> int32, exactly: the inverse of _small_f32 (the
+    low bits of 2^23 + v), with no float -> int conversion (F2I: an eighth of the fp32 rate)."""
+    return (v + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
 
 
 @triton.jit
@@ -329,8 +336,6 @@ def _side_meta(fmt, rounding, rht, p):
 
 @functools.lru_cache(maxsize=None)
 def _side_meta_cached(fmt, rounding, rht, p):
-    if rounding not in ("rtne", "sr"):
-        raise ValueError(f"unknown rounding {rounding!r}; valid: 'rtne', 'sr'")
     if rht and rht not in fp4.RHT_SIZES:
         raise ValueError(f"RHT size must be one of {fp4.RHT_SIZES}, got {rht}")
     grid = fp4.GRIDS[fmt.grid]
@@ -527,11 +532,11 @@ def _grid_code(mag, biased, sign, R: tl.constexpr, C: tl.constexpr, E2M1: tl.con
         # a thread that flushes subnormals, torch.set_flush_denormal, would break both)
         idx = (mag * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22
     else:  # any grid of up to three uniform pieces
-        idx = (mag * (1.0 / ST0)).to(tl.int32)
+        idx = _small_int(mag * (1.0 / ST0))  # exact: levels are multiples of their piece's step
         if NSEG > 1:
-            idx = tl.where(mag >= S1, I1 + ((mag - S1) * (1.0 / ST1)).to(tl.int32), idx)
+            idx = tl.where(mag >= S1, I1 + _small_int((mag - S1) * (1.0 / ST1)), idx)
         if NSEG > 2:
-            idx = tl.where(mag >= S2, I2 + ((mag - S2) * (1.0 / ST2)).to(tl.int32), idx)
+            idx = tl.where(mag >= S2, I2 + _small_int((mag - S2) * (1.0 / ST2)), idx)
     return tl.reshape(idx | (sign >> 28 & 8), [R, C])
 
 
@@ -1160,6 +1165,8 @@ class _Side:
 
     def __init__(self, fmt, rounding, rht, seed, device, packed, fp8=None):
         self.fmt, self.rounding, self.rht, self.packed, self.fp8 = fmt, rounding, rht, bool(packed), fp8
+        if rounding not in ("rtne", "sr"):  # here, not at launch: an empty tensor launches nothing
+            raise ValueError(f"unknown rounding {rounding!r}; valid: 'rtne', 'sr'")
         fp4.check_seed(seed)
         self.seed = _seed(seed, device) if rounding == "sr" else 0
 
@@ -1737,7 +1744,7 @@ def _fp8_dot(a, b, acc, PROMOTE: tl.constexpr, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
-def _grouped_fp8_rows_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, c_ptr, N, M, K,
+def _grouped_fp8_rows_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, c_ptr, M, K,
                              E: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                              PROMOTE: tl.constexpr, DOT_FP32: tl.constexpr):
     """Row groups (Fprop, Dgrad): c[rows of g] = a[rows of g] @ b[g]^T * sa * sb, a [N, K] and
@@ -1828,7 +1835,7 @@ def fp8_grouped_mm(a, b, offs, out_dtype, fast=False, _cfg=None):
         if av.stride() != (K, 1) or not bt.is_contiguous():
             raise ValueError("fp8_grouped_mm: a [N, K] and each group of b [E, K, M] need K contiguous")
         grid = ((_cdiv(N, BM) + E) * _cdiv(M, BN), 1, 1)
-        _launch(_grouped_fp8_rows_kernel, grid, (av, bt, sa, sb, offs, c, N, M, K), dict(E=E, **meta))
+        _launch(_grouped_fp8_rows_kernel, grid, (av, bt, sa, sb, offs, c, M, K), dict(E=E, **meta))
     else:
         M, T = av.shape
         N = bv.shape[1]

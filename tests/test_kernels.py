@@ -1254,6 +1254,9 @@ def test_empty_tensors_match_the_reference():
         e = torch.empty(0, 64)
         assert_qtensor(kernels.quantize(e, name), fp4.quantize(e, name), name)
         assert kernels.fake_quant(e, name).shape == fp4.fake_quant(e, name).shape == (0, 64)
+        for mod in (kernels, fp4):  # an empty tensor launches nothing, but its arguments are checked
+            with pytest.raises(ValueError, match="unknown rounding 'bogus'"):
+                mod.fake_quant(e, name, rounding="bogus")
 
 
 def test_quantize_both_rejects_a_side_both_packed_and_fp8():
