@@ -32,6 +32,7 @@ from checkpoint import LATEST, CheckpointError, data_changes, load_model
 from configurator import (ConfigError, check_backend, check_device, check_ranges, defaults_of,
                           help_text, parse, resolve_device, wants_help)
 from data.common import encoder, read_text_file
+from data.loader import read_split
 
 # -----------------------------------------------------------------------------
 out_dir = "out"          # the run's folder: its ckpt.pt is evaluated
@@ -116,7 +117,10 @@ def split_tokens(c, ckpt):
     if changes:
         raise ConfigError(f"{folder} is not the data the checkpoint was trained on ({changes}): "
                           f"prepare that data again, or evaluate a --text_file")
-    ids = np.fromfile(path, dtype=np.dtype(meta.get("dtype", "uint16"))).astype(np.int64)
+    try:   # (the checks train.py's loader makes: a cut file, ids outside the vocabulary)
+        ids = read_split(folder, c["split"]).astype(np.int64)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if c["max_tokens"]:
         ids = ids[:c["max_tokens"]]
     sizes = token_bytes(meta)

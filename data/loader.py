@@ -14,31 +14,39 @@ import torch
 from data.common import load_meta
 
 
+def read_split(data_dir, split):
+    """data_dir/<split>.bin memory-mapped (uint16 token ids), checked against meta.json where
+    there is one: every token there (its byte count) and every id inside the vocabulary."""
+    path = os.path.join(data_dir, f"{split}.bin")
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is {'missing' if not os.path.exists(path) else 'empty'}: "
+                         f"prepare the dataset again")
+    size = os.path.getsize(path)
+    meta = load_meta(data_dir) if os.path.exists(os.path.join(data_dir, "meta.json")) else None
+    want = meta.get(f"{split}_tokens") if meta else None
+    if size % 2 or (want is not None and size // 2 != want):  # a cut or foreign file
+        raise ValueError(f"{path} has {size:,} bytes" + (f", not the {2 * want:,} of the "
+                         f"{want:,} tokens meta.json records" if want is not None else
+                         ", not whole uint16 tokens") + ": prepare the dataset again")
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    if meta is not None:
+        vocab_size = meta["vocab_size"]
+        largest = int(tokens.max())  # one pass over the file, once
+        if largest >= vocab_size:
+            raise ValueError(f"{path} holds token id {largest}, but meta.json says vocab_size is "
+                             f"{vocab_size}: the .bin and meta.json do not belong together; prepare again")
+    return tokens
+
+
 class BinLoader:
     def __init__(self, data_dir, split, block_size, batch_size, seed, device="cpu", rank=0, world_size=1):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.path = os.path.join(data_dir, f"{split}.bin")
-        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
-            raise ValueError(f"{self.path} is {'missing' if not os.path.exists(self.path) else 'empty'}: "
-                             f"prepare the dataset again")
-        size = os.path.getsize(self.path)
-        meta = load_meta(data_dir) if os.path.exists(os.path.join(data_dir, "meta.json")) else None
-        want = meta.get(f"{split}_tokens") if meta else None
-        if size % 2 or (want is not None and size // 2 != want):  # a cut or foreign file
-            raise ValueError(f"{self.path} has {size:,} bytes" + (f", not the {2 * want:,} of the "
-                             f"{want:,} tokens meta.json records" if want is not None else
-                             ", not whole uint16 tokens") + ": prepare the dataset again")
-        self.tokens = np.memmap(self.path, dtype=np.uint16, mode="r")
+        self.tokens = read_split(data_dir, split)
         if len(self.tokens) < block_size + 1:
             raise ValueError(f"{self.path} has {len(self.tokens)} tokens, fewer than one window of "
                              f"block_size + 1 = {block_size + 1}: use a smaller block_size or more data")
-        if meta is not None:
-            vocab_size = meta["vocab_size"]
-            largest = int(self.tokens.max())  # one pass over the file, once
-            if largest >= vocab_size:
-                raise ValueError(f"{self.path} holds token id {largest}, but meta.json says vocab_size is "
-                                 f"{vocab_size}: the .bin and meta.json do not belong together; prepare again")
         self.block_size, self.batch_size = block_size, batch_size
         self.device = torch.device(device)
         self.rng = np.random.default_rng([seed, rank])

@@ -98,3 +98,20 @@ def test_help_lists_the_keys():
     p = subprocess.run([sys.executable, "eval.py", "--help"], cwd=ROOT, capture_output=True,
                        text=True)
     assert p.returncode == 0 and "--text_file=''" in p.stdout and "--split='val'" in p.stdout
+
+
+@pytest.mark.parametrize("damage, msg", [("cut", r"val.bin has 1,001 bytes, not the"),
+                                         ("foreign id", r"val.bin holds token id 60000, but meta.json")])
+def test_a_damaged_split_is_refused_as_train_refuses_it(run, tmp_path, damage, msg):
+    ds, out = run
+    import shutil
+    bad = tmp_path / "data" / "tiny"
+    shutil.copytree(ds, bad)
+    ids = np.fromfile(bad / "val.bin", dtype=np.uint16)
+    if damage == "cut":
+        (bad / "val.bin").write_bytes(ids.tobytes()[:1001])
+    else:
+        ids[7] = 60000
+        ids.tofile(bad / "val.bin")
+    with pytest.raises(train.ConfigError, match=msg):
+        eval_script.main(cli(f"out_dir={out}", f"data_dir={tmp_path / 'data'}"))
