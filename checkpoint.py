@@ -234,15 +234,26 @@ def _write(ckpt, tmp):
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError):
+        cause = os_error(e)
+        if cause is not None:
             need = tensor_bytes(ckpt) / 2**20
             free = shutil.disk_usage(os.path.dirname(os.path.abspath(tmp))).free / 2**20
-            hint = " (disk full)" if e.errno == errno.ENOSPC else ""
+            hint = " (disk full)" if cause.errno == errno.ENOSPC else ""
             raise CheckpointError(
-                f"could not write {tmp}{hint}: {e.strerror or e}; a checkpoint needs about "
+                f"could not write {tmp}{hint}: {cause.strerror or cause}; a checkpoint needs about "
                 f"{need:,.0f} MiB and {free:,.0f} MiB are free there: free some space or use "
                 f"another --out_dir (the earlier checkpoints are untouched)") from None
         raise
+
+
+def os_error(e):
+    """The OSError behind e, if any: torch.save reports a failed write (a full disk) as a
+    RuntimeError raised while handling the OSError."""
+    while e is not None:
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def save_checkpoint(ckpt, path, best=False):
@@ -411,8 +422,8 @@ def claim_out_dir(out_dir, init_from, resume_from, overwrite):
     """(files to remove, files to keep aside) for this run to own out_dir. A scratch run never
     lands on another run's checkpoints, nor does a resume from elsewhere (a fork), unless
     overwrite says so (their files are removed then); a log alone, of a run that stopped before
-    its first checkpoint, is kept aside as log_prev.jsonl. Resuming the run in out_dir, or
-    forking into a new folder, is free."""
+    its first checkpoint, is kept aside as log_prev.jsonl (for a fork too: its own log starts
+    there). Resuming the run in out_dir, or forking into a new folder, is free."""
     found = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
     ckpts = [f for f in found if f != LOG]
     fork = init_from == "resume" and resume_from and \
@@ -424,7 +435,7 @@ def claim_out_dir(out_dir, init_from, resume_from, overwrite):
         clash = (f"out_dir {out_dir} holds another run ({', '.join(ckpts)}): resuming "
                  f"{resume_from} into it would replace its checkpoints; fork into a new --out_dir, "
                  f"drop --resume_from to continue that run, or replace it with --overwrite=True")
-    elif init_from == "scratch" and found:
+    elif (init_from == "scratch" or fork) and found:
         return [], found
     else:
         return [], []

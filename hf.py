@@ -70,7 +70,12 @@ def save_weights(state_dict, path, metadata=None):
     for k, v in (metadata or {}).items():
         meta[k] = v if isinstance(v, str) else json.dumps(v)
     tmp = path + ".tmp"
-    save_file(tensors, tmp, metadata=meta)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     os.replace(tmp, path)
     return path
 

@@ -203,7 +203,7 @@ RANGES = dict(  # checked before anything starts; GPTConfig and fp4.make_recipe 
     max_iters=_non_negative, weight_decay=_non_negative, beta1=_unit, beta2=_unit,
     grad_clip=(_non_negative[0], ">= 0 (0 = no clipping)"), warmup_iters=_non_negative,
     lr_decay_iters=_non_negative, wsd_decay_frac=(lambda v: 0 <= v <= 1, "in [0, 1]"),
-    seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"), peak_tflops=_non_negative,
+    seed=(lambda v: 0 <= v < 2**32, "in [0, 2^32) (numpy's seed range)"), peak_tflops=_non_negative,
     max_nonfinite=_positive, telemetry_interval=_non_negative,
     final_sample_tokens=_non_negative, debug_nan_iters=_positive, dist_timeout_s=_positive)
 
@@ -395,6 +395,7 @@ class Run:
         self.ckpt_path = os.path.join(self.c.out_dir, LATEST)
         self.writes = not (self.c.dry_run or self.c.eval_only)   # into out_dir
         self.healthy = None   # (path, iter, val loss) of the last checkpoint known good
+        self.moe_stats = {}   # the MoE's stats of the last logged step (forward_backward)
         self.resumed = None   # (checkpoint, its path) to resume from, until resume() takes it
         self.ddp = self.own_group = False
         self.weight_cache = None   # fp4.WeightCache, from the first cache_weights(run)
@@ -553,6 +554,11 @@ def setup_data(run):
     run.data_path = os.path.join(c.data_dir, c.dataset)
     if run.master:
         why = dataset_needs_build(c, run.data_path)
+        if why and why != "first use" and not run.writes:
+            raise ConfigError(f"dataset {c.dataset!r} in {run.data_path} would be rebuilt ({why}), "
+                              f"which a {'dry run' if c.dry_run else 'eval_only run'} does not do: "
+                              f"its checkpoints were trained on the data there; drop "
+                              f"--dataset_input to use it as it is, or rebuild it in a training run")
         if why:
             if c.dataset_input or why != "first use":   # (prepare_dataset says it on first use)
                 run.log(f"preparing dataset {c.dataset!r} in {run.data_path} ({why})...")
@@ -799,18 +805,21 @@ def resume(run):
     """Weights, optimizer, counters and this rank's data/RNG streams from the checkpoint."""
     c = run.c
     (ckpt, src), run.resumed = run.resumed, None
-    check_compatible(ckpt, src, run.margs)
     trained_on = ckpt["config"].get("data_dir"), ckpt["config"].get("dataset")
-    changes = data_changes(ckpt.get("meta"), run.meta)
+    changes = data_changes(ckpt.get("meta"), run.meta)   # (first: new data also changes the vocab)
     if (c.data_dir, c.dataset) == trained_on and changes:
         raise CheckpointError(f"{run.data_path} is not the data {src} was trained on ({changes}): "
                               f"it was rebuilt since; prepare that data again, or give the new "
                               f"data a name of its own (--dataset=NAME) to continue on it")
+    check_compatible(ckpt, src, run.margs)
     try:
         load_states(run, ckpt)
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{src} does not fit this model/optimizer: {e}") from e
-    run.iter_num, run.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+    # a fork's ckpt_best.pt is the best of its own evals, not its parent's
+    fork = os.path.dirname(os.path.abspath(src)) != os.path.abspath(c.out_dir)
+    run.iter_num = ckpt["iter_num"]
+    run.best_val_loss = float("inf") if fork else ckpt["best_val_loss"]
     run.n_nonfinite = ckpt.get("n_nonfinite", 0)
     if ckpt["recipe"] != run.recipe.name:
         run.log(f"note: {src} was trained with recipe {ckpt['recipe']!r}, continuing with "
@@ -821,7 +830,8 @@ def resume(run):
                 f"sr_bits={c.sr_bits}")
     resume_streams(run, ckpt, src)
     run.healthy = (src, run.iter_num, ckpt.get("val_loss", run.best_val_loss))
-    run.log(f"resumed from {src} at iter {run.iter_num} (best val loss {run.best_val_loss:.4f})")
+    run.log(f"resumed from {src} at iter {run.iter_num} (best val loss {ckpt['best_val_loss']:.4f}"
+            + ("; this fork keeps its own best)" if fork else ")"))
     if run.master and run.writes:
         trim_log(os.path.join(c.out_dir, LOG), run.iter_num)
 
@@ -829,7 +839,9 @@ def resume(run):
 def load_states(run, ckpt):
     """The checkpoint's weights and AdamW states, full tensors, into a plain or sharded model.
     A checkpoint of an fsdp run keys its optimizer state by parameter name, a plain run's by
-    position: either loads into either."""
+    position: either loads into either. The hyperparameters stay this run's (the config, which
+    took the checkpoint's unless given again): loading would bring back the saved ones."""
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
     positional = all(isinstance(p, int) for g in ckpt["optimizer"]["param_groups"]
                      for p in g["params"])
     if run.c.fsdp or not positional:
@@ -837,6 +849,8 @@ def load_states(run, ckpt):
     else:
         run.raw_model.load_state_dict(ckpt["model"])
         run.optimizer.load_state_dict(ckpt["optimizer"])
+    for group, own in zip(run.optimizer.param_groups, settings):
+        group.update(own)
 
 
 def resume_streams(run, ckpt, src):
@@ -926,12 +940,18 @@ def save(run, val_loss, best):
             recipe_spec=repr(run.recipe), meta=run.meta, n_nonfinite=run.n_nonfinite,
             world_size=run.world, rng=[g["rng"] for g in gathered],
             loader=[g["loader"] for g in gathered], val_loss=val_loss), run.ckpt_path, best=best)
-        # the weights alone, readable by any framework without running code (hf.py exports them)
-        hf.save_weights(model_sd, os.path.join(run.c.out_dir, WEIGHTS), metadata=dict(
-            model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
-            iter_num=run.iter_num, meta=run.meta))
         run.log(f"saved checkpoint {run.ckpt_path} at iter {run.iter_num}"
                 + (f" (and {BEST}: best val loss)" if best else ""))
+        # the weights alone, readable by any framework without running code (hf.py exports them)
+        weights = os.path.join(run.c.out_dir, WEIGHTS)
+        try:
+            hf.save_weights(model_sd, weights, metadata=dict(
+                model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
+                iter_num=run.iter_num, meta=run.meta))
+        except Exception as e:   # safetensors' own error type wraps a full disk's OSError
+            raise CheckpointError(f"could not write {weights}: {e}; {run.ckpt_path} (iter "
+                                  f"{run.iter_num}) is saved, {weights} still holds the previous "
+                                  f"save's weights: free some space or use another --out_dir") from None
     run.healthy = (run.ckpt_path, run.iter_num, val_loss)
     return True
 
@@ -981,8 +1001,9 @@ def evaluate(run):
 
 
 def forward_backward(run):
-    """accum micro-steps; the mean loss (all-reduced under DDP), gradients accumulated."""
-    c, loss_sum = run.c, torch.zeros((), device=run.c.device)
+    """accum micro-steps; the mean loss (all-reduced under DDP), gradients accumulated, and the
+    MoE's stats over the same micro-steps and ranks (run.moe_stats)."""
+    c, loss_sum, moe = run.c, torch.zeros((), device=run.c.device), None
     for _ in range(run.accum):
         x, y = run.train_loader.next_batch()
         if run.rank == c.debug_fail_rank and run.iter_num == c.debug_fail_at_iter:
@@ -994,7 +1015,10 @@ def forward_backward(run):
         if c.debug_nan_at_iter <= run.iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
             loss = loss * float("nan")
         loss_sum += loss.detach()
+        if logged(run.iter_num, c):   # (a few small kernels a micro-step: only when logged)
+            moe = add_moe_stats(moe, run.raw_model)
         (loss / run.accum).backward()
+    run.moe_stats = mean_moe_stats(run, moe)
     if run.ddp:
         run.all_reduce_mean(loss_sum)
     if run.ddp and run.flat_grad is not None:   # (FSDP2 has reduce-scattered its gradients)
@@ -1098,14 +1122,43 @@ def telemetry_record(iter_num, summary):
     return rec
 
 
-def moe_record(raw_model):
+def add_moe_stats(total, raw_model):
+    """The MoE's stats of the micro-step just run (GPT.moe_stats, device tensors: copied, since
+    a replayed CUDA graph reuses its buffers) added to total's; None for a dense model."""
     stats = raw_model.moe_stats() if hasattr(raw_model, "moe_stats") else {}
+    stats = {k: v.detach().to(torch.float32, copy=True) for k, v in stats.items() if k != "expert_load"}
+    if not stats:
+        return None
+    return stats if total is None else {k: total[k] + v for k, v in stats.items()}
+
+
+def mean_moe_stats(run, total):
+    """Summed micro-step stats -> the step's: losses averaged over micro-steps and ranks, expert
+    counts summed, expert_load from those counts (no host sync)."""
+    if total is None:
+        return {}
+    counts = total.pop("expert_counts")
+    means = torch.stack(list(total.values())) / run.accum
+    if run.ddp:   # every rank has the same keys: one model, one config
+        run.all_reduce_mean(means)
+        torch.distributed.all_reduce(counts)
+    out = dict(zip(total, means.unbind()))
+    return dict(out, expert_load=counts / counts.sum(dim=1, keepdim=True), expert_counts=counts)
+
+
+def moe_record(stats):
+    """The step's MoE stats (mean_moe_stats) as plain numbers for the log."""
     out = {}
     for k, v in stats.items():
         v = v.detach().float().cpu()
         out[k] = round(v.item(), 6) if v.numel() == 1 else [[round(x, 4) for x in row]
                                                            for row in v.reshape(v.shape[0], -1).tolist()]
     return out
+
+
+def logged(it, c):
+    """Whether iteration `it` writes a training record."""
+    return it % c.log_interval == 0 or it + 1 == c.max_iters
 
 
 def log_step(run, loss, grad_norm, lr, dt, step_s, elapsed):
@@ -1116,7 +1169,7 @@ def log_step(run, loss, grad_norm, lr, dt, step_s, elapsed):
                dt_ms=dt * 1000, tok_per_s=tok_s, elapsed_s=elapsed)
     if run.peak_tflops:   # MFU only against a known peak (none on a CPU)
         rec["mfu"] = run.flops_per_token * tok_s / (run.peak_tflops * 1e12 * run.world)
-    rec.update(moe_record(run.raw_model))
+    rec.update(moe_record(run.moe_stats))
     run.record(rec)
     mfu = f"MFU {100 * rec['mfu']:.2f}% | " if "mfu" in rec else ""
     run.log(f"iter {run.iter_num - 1} | loss {loss:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms | "
@@ -1164,7 +1217,7 @@ def train(run):
         run.iter_num += 1
         if run.iter_num - run.start_iter > 1:   # the first step includes warm-up work
             dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
-        if (run.iter_num - 1) % c.log_interval == 0 or run.iter_num == c.max_iters:
+        if logged(run.iter_num - 1, c):
             last = log_step(run, loss, grad_norm, lr, dt, dt_avg or dt, t1 - t_start)
     if run.iter_num > run.start_iter:
         evaluate(run)

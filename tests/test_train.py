@@ -2,6 +2,7 @@
 Tiny models on a tiny char dataset written into tmp_path; the whole file runs in a few minutes
 on 2 CPU cores."""
 import contextlib
+import errno
 import json
 import math
 import os
@@ -683,6 +684,34 @@ def test_failed_save_keeps_the_old_checkpoint(tmp_path, monkeypatch):
         train.save_checkpoint({"v": 3}, path)
     assert torch.load(path)["v"] == 2 and torch.load(str(tmp_path / "ckpt_prev.pt"))["v"] == 1
 
+def test_a_full_disk_is_one_clear_error(ds, trained, tmp_path, monkeypatch):
+    """torch.save reports a full disk as a RuntimeError raised while handling the OSError;
+    safetensors as its own error: both name the file, and the checkpoints stay as they were."""
+    out = copy_run(trained, tmp_path / "o")
+    before = (out / "ckpt.pt").read_bytes()
+    real_save = torch.save
+
+    def full(obj, f):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos")
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(train.CheckpointError, match=r"could not write .*ckpt.pt.tmp \(disk full\): "
+                                                    r"No space left on device; a checkpoint needs"):
+        run(ds, out, init_from="resume", max_iters=6, eval_interval=2)
+    assert (out / "ckpt.pt").read_bytes() == before and not (out / "ckpt.pt.tmp").exists()
+    monkeypatch.setattr(torch, "save", real_save)
+
+    def no_weights(*a, **k):
+        raise RuntimeError("Error while serializing: No space left on device (os error 28)")
+    monkeypatch.setattr("safetensors.torch.save_file", no_weights)
+    with pytest.raises(train.CheckpointError, match=r"could not write .*model.safetensors: .*os error 28"
+                                                    r".*ckpt.pt \(iter 6\) is saved"):
+        run(ds, out, init_from="resume", max_iters=6, eval_interval=2)
+    assert torch.load(out / "ckpt.pt", weights_only=False)["iter_num"] == 6
+
+
 def test_kill_9_during_training_leaves_a_loadable_checkpoint(ds, tmp_path):
     out = tmp_path / "out"
     args = tiny_args(ds, str(out), max_iters=100000, eval_interval=1, eval_iters=1)
@@ -924,6 +953,44 @@ def test_fork_resumes_another_runs_checkpoint_into_a_new_out_dir(ds, trained, tm
     with pytest.raises(train.ConfigError, match=r"holds another run .*would replace its checkpoints"):
         run(ds, fork, init_from="resume", resume_from=str(src / "ckpt.pt"), max_iters=8)
 
+
+def test_a_fork_keeps_its_own_best_and_its_own_log(ds, trained, tmp_path):
+    """A fork's ckpt_best.pt is the best of its own evals, even where its parent's best was
+    lower (a fork into another recipe may never reach it, and with always_save_checkpoint=False
+    would save nothing); a log left by a run that saved nothing is set aside, not spliced into
+    the fork's."""
+    ckpt = torch.load(trained / "ckpt.pt", weights_only=False)
+    ckpt.pop("checksum")
+    (tmp_path / "src").mkdir()
+    train.save_checkpoint(dict(ckpt, best_val_loss=0.5), str(tmp_path / "src" / "ckpt.pt"))
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    (fork / "log.jsonl").write_text(json.dumps(dict(type="train", iter=0, loss=9.0)) + "\n")
+    run(ds, fork, init_from="resume", resume_from=str(tmp_path / "src" / "ckpt.pt"), max_iters=5,
+        eval_interval=2, always_save_checkpoint=False)
+    assert torch.load(fork / "ckpt_best.pt", weights_only=False)["iter_num"] == 5
+    assert torch.load(fork / "ckpt.pt", weights_only=False)["best_val_loss"] > 0.5
+    assert [r["iter"] for r in read_log(str(fork))] == [4]
+    assert (fork / "log_prev.jsonl").read_text().startswith('{"type": "train", "iter": 0')
+
+
+def test_optimizer_keys_given_on_resume_win(ds, trained, tmp_path):
+    run(ds, tmp_path, init_from="resume", resume_from=str(trained / "ckpt.pt"), max_iters=5,
+        weight_decay=0.5, beta2=0.5)
+    groups = torch.load(tmp_path / "ckpt.pt", weights_only=False)["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0]
+    assert all(tuple(g["betas"]) == (0.9, 0.5) for g in groups)
+
+
+def test_moe_stats_are_the_steps_not_the_last_micro_steps(ds, tmp_path):
+    """With the aux and z losses weighted 0 the loss is the CE loss: ce_loss, like loss, is the
+    mean over the step's micro-steps, and expert_counts their sum."""
+    run(ds, tmp_path, max_iters=3, gradient_accumulation_steps=4, aux_loss_weight=0.0,
+        z_loss_weight=0.0, eval_interval=100, **MOE)
+    for r in read_log(str(tmp_path)):
+        assert r["ce_loss"] == pytest.approx(r["loss"], abs=2e-6), r
+        assert sum(r["expert_counts"][0]) == 4 * 4 * 32 * MOE["top_k"]   # micro-steps x batch x block
+
 # -----------------------------------------------------------------------------
 # a checkpoint is only replaced by a healthy one
 
@@ -1068,11 +1135,16 @@ def test_changed_input_file_rebuilds_the_dataset(tmp_path, capsys):
     text = tmp_path / "input.txt"
     text.write_text("To be, or not to be, that is the question.\n" * 200)
     folder = str(tmp_path / "data" / "mine")
-    first = train.main(tiny_args(folder, str(tmp_path / "a"), dataset_input=str(text), dry_run=True))
+    train.main(tiny_args(folder, str(tmp_path / "a"), dataset_input=str(text), max_iters=1))  # first use
     text.write_text("Now is the winter of our discontent made glorious summer.\n" * 200)
-    second = train.main(tiny_args(folder, str(tmp_path / "b"), dataset_input=str(text), dry_run=True))
+    before = {f: open(os.path.join(folder, f), "rb").read() for f in os.listdir(folder)}
+    for out, kw in (("c", dict(dry_run=True)), ("a", dict(eval_only=True, init_from="resume"))):
+        with pytest.raises(train.ConfigError, match=r"would be rebuilt \(it was built from other "
+                                                    r"files.*does not do: .*drop --dataset_input"):
+            train.main(tiny_args(folder, str(tmp_path / out), dataset_input=str(text), **kw))
+    assert {f: open(os.path.join(folder, f), "rb").read() for f in os.listdir(folder)} == before
+    train.main(tiny_args(folder, str(tmp_path / "b"), dataset_input=str(text), max_iters=1))
     assert "built from other files or another tokenizer" in capsys.readouterr().out
-    assert first != second
     meta = json.load(open(os.path.join(folder, "meta.json")))
     assert meta["inputs"][0]["sha256"] == train.sha256_file(str(text))
 
@@ -1087,7 +1159,7 @@ def test_a_run_does_not_continue_on_its_dataset_rebuilt_from_other_text(tmp_path
     train.main(tiny_args(folder, first, dataset_input=str(text), max_iters=2, eval_interval=2))
     assert eval_script.main([f"--out_dir={first}"])["loss"] > 0
     text.write_text("To be, or not to be, that is the question?\n" * 300)   # same characters
-    train.main(tiny_args(folder, str(tmp_path / "b"), dataset_input=str(text), dry_run=True))
+    train.main(tiny_args(folder, str(tmp_path / "b"), dataset_input=str(text), max_iters=1))
     with pytest.raises(train.CheckpointError, match=r"is not the data .*ckpt.pt was trained on "
                                                     r"\(train_tokens \d+ -> \d+; .*built from "
                                                     r"other files \(.*input.txt ->"):
@@ -1158,6 +1230,7 @@ def test_unknown_dataset_is_one_line(ds, tmp_path):
     ("--warmup_iters=-1", r"warmup_iters=-1 is out of range"),
     ("--max_iters=-1", r"max_iters=-1 is out of range"),
     ("--seed=-1", r"seed=-1 is out of range"),
+    ("--seed=4294967296", r"seed=4294967296 is out of range: it must be in \[0, 2\^32\)"),
     ("--lr_decay_iters=100", r"lr_decay_iters=100 is not past warmup_iters=100: the learning rate "
                              r"would drop to min_lr right after warmup"),
     ("--recipe_bf16_last=7", r"recipe_bf16_last=7 is more blocks than n_layer=6"),
