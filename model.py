@@ -196,7 +196,9 @@ class MoE(nn.Module):
             idx = (probs + self.router_bias).topk(self.top_k, dim=-1).indices
             gates = probs.gather(1, idx)
             probs = probs / probs.sum(dim=-1, keepdim=True)
-        return idx, gates / gates.sum(dim=-1, keepdim=True), logits, probs
+        if self.top_k > 1:   # renormalized over the chosen; a single expert keeps its probability
+            gates = gates / gates.sum(dim=-1, keepdim=True)   # (renormalized it would be a constant 1,
+        return idx, gates, logits, probs                      # and the loss would not train the router)
 
     def experts(self, x_sorted, counts, aligned=False):
         """The expert MLPs on rows sorted by expert; counts [E] stays on the device (no host sync:
@@ -422,10 +424,14 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             ctx = idx[:, -self.config.block_size:]
             logits, _ = self(ctx)
-            logits = logits[:, -1, :].float() / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            logits = logits[:, -1, :].float()
+            if temperature < 1e-4:   # the limit, where 1 / temperature could overflow the logits
+                next_id = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, next_id), dim=1)
         return idx

@@ -37,7 +37,7 @@ backend = "auto"         # fp4 backend: "auto", "torch" or "triton"
 DEFAULTS = defaults_of(globals())
 CHOICES = dict(dtype=("auto", "bfloat16", "float32"), backend=("auto", "torch", "triton"))
 RANGES = dict(num_samples=(lambda v: v >= 1, ">= 1"), max_new_tokens=(lambda v: v >= 1, ">= 1"),
-              temperature=(lambda v: v > 0, "> 0 (near 0 is close to greedy, e.g. 0.01)"),
+              temperature=(lambda v: v > 0, "> 0 (below 1e-4: greedy, the most likely token)"),
               top_k=(lambda v: v >= 0, ">= 0 (0 = all tokens)"),
               seed=(lambda v: 0 <= v < 2**63, "in [0, 2^63)"))
 

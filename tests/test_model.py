@@ -154,7 +154,7 @@ def reference_moe(moe, x):
         scores = torch.sigmoid(logits)
         idx = (scores + moe.router_bias).topk(moe.top_k, dim=-1).indices
         top = scores.gather(1, idx)
-    gates = top / top.sum(-1, keepdim=True)
+    gates = top / top.sum(-1, keepdim=True) if moe.top_k > 1 else top   # one expert: its probability
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for j in range(moe.top_k):
@@ -262,14 +262,17 @@ def test_loss_terms_and_moe_stats():
     _, eval_loss = model(x, y)
     torch.testing.assert_close(eval_loss, model.moe_stats()["ce_loss"])
 
-def test_router_gets_gradient_through_gates_and_losses():
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_router_gets_gradient_through_gates_and_losses(top_k):
+    """The LM loss alone trains the router, through the gates: with one expert too (its gate is
+    its probability; renormalized, it would be a constant 1)."""
     torch.manual_seed(0)
     for router in ("softmax", "sigmoid"):
-        model = GPT(tiny(n_expert=4, router=router, aux_loss_weight=0.0, z_loss_weight=0.0))
+        model = GPT(tiny(n_expert=4, router=router, top_k=top_k, aux_loss_weight=0.0, z_loss_weight=0.0))
         x, y = batch()
         model(x, y)[1].backward()
         for m in model.moe_layers:
-            assert m.router.weight.grad.abs().sum() > 0
+            assert m.router.weight.grad.abs().sum() > 1e-4, (router, top_k)
 
 def test_update_router_bias_moves_load_toward_balance():
     torch.manual_seed(0)
@@ -389,6 +392,19 @@ def test_generate_crops_context():
     x, _ = batch()
     out = model.generate(x, max_new_tokens=5, temperature=0.8, top_k=10)
     assert out.shape == (2, T + 5) and (out[:, :T] == x).all() and out.max() < V
+
+
+def test_generate_near_zero_temperature_is_greedy():
+    """1 / temperature would overflow the logits (softmax NaN, multinomial raising): below 1e-4
+    the most likely token, as the limit."""
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    x, _ = batch()
+    greedy = model.generate(x, max_new_tokens=4, temperature=1e-40)
+    ids = x
+    for _ in range(4):
+        ids = torch.cat((ids, model(ids[:, -model.config.block_size:])[0][:, -1].argmax(-1, keepdim=True)), 1)
+    assert torch.equal(greedy, ids)
 
 # -----------------------------------------------------------------------------
 # Under fp4.convert
