@@ -111,9 +111,11 @@ def bench_one(config, spec, warmup, iters, out_dir, extra):
     dt = statistics.median(r["dt_ms"] for r in steps)
     cfg = train.get_config(args)
     tokens = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
-    mfus = [r["mfu"] for r in steps if r.get("mfu") is not None]   # none where the peak is unknown
+    # MFU from the median step, as tokens/s: a record's own MFU is of train.py's running average
+    # of step times, which carries the warm-up steps (compilation, graph capture) into the window
+    mfu = steps[-1]["mfu"] / steps[-1]["tok_per_s"] * tokens / dt * 1000 if "mfu" in steps[-1] else None
     return dict(recipe=spec, step_ms=dt, tok_per_s=tokens / dt * 1000, tokens_per_iter=tokens,
-                mfu=statistics.median(mfus) if mfus else None,
+                mfu=mfu,
                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
                 loss_last=steps[-1]["loss"])
 

@@ -55,6 +55,31 @@ def test_rounds_alternate_the_order_and_take_the_median(tmp_path, monkeypatch):
     assert "| step ms by round |" in table and "| 2.0, 3.0, 6.0 |" in table
 
 
+def test_mfu_follows_the_median_step_not_the_warm_up(tmp_path, monkeypatch):
+    """A slow warm-up step (compilation, graph capture) is outside the timed window: MFU, like
+    tokens/s, comes from the median timed step (train.py's own records average in the warm-up)."""
+    import time
+    import train
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    extra = [a for a in tiny_args(ds, "unused", max_iters=0)
+             if a[2:].split("=")[0] not in bench.OWN_KEYS]
+    config = tmp_path / "tiny.py"
+    config.write_text("n_layer = 2\npeak_tflops = 1e-4\n")
+    real = train.train_step
+
+    def slow_first(run, lr):
+        if run.iter_num == 1:
+            time.sleep(1.0)
+        return real(run, lr)
+    monkeypatch.setattr(train, "train_step", slow_first)
+    row, = bench.main([str(config), "--recipes=bf16", "--warmup=3", "--iters=4",
+                       f"--out={tmp_path / 'bench'}"] + extra)
+    last = [r for r in map(json.loads, open(tmp_path / "bench" / "bf16" / "log.jsonl"))
+            if r["type"] == "train"][-1]
+    per_tok_s = last["mfu"] / last["tok_per_s"]   # FLOPs per token / peak, a constant
+    assert row["mfu"] == pytest.approx(per_tok_s * row["tok_per_s"], rel=1e-9)
+
+
 def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
     """One line for each, before a recipe runs; a train.py key bench.py sets itself is refused
     (an --out_dir given through would be overwritten)."""
