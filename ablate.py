@@ -535,14 +535,19 @@ def fork_main(args, extra, parser):
 # the forked design: scores, statistics, report
 
 def fork_scores(d, meta):
-    """Mean train loss over the fork window and val loss at its end, with the curves."""
+    """Mean train loss over the fork window and val loss at its end, with the curves. A window
+    with a step missing from the log or not finite (a skipped non-finite step) has no train score
+    (NaN, and `excluded` says why): its mean would not pair with the other arms' means."""
     recs = read_log(os.path.join(d, "log.jsonl"))
     p, end = meta["fork_at"], meta["end"]
     train = {r["iter"]: r["loss"] for r in recs if r.get("type") == "train" and p <= r["iter"] < end}
     val = {r["iter"]: r["val_loss"] for r in recs if r.get("type") == "eval"}
-    return dict(train=statistics.fmean(train.values()) if train else float("nan"),
+    bad = [i for i, v in train.items() if not math.isfinite(v)]
+    excluded = (f"{len(train)} of its {end - p} window steps logged" if len(train) != end - p else
+                f"non-finite loss at step(s) {bad[:3]}" if bad else None)
+    return dict(train=float("nan") if excluded else statistics.fmean(train.values()),
                 val=val.get(end, float("nan")), steps=len(train), train_curve=train, val_curve=val,
-                base_fp=meta.get("base_fp"))
+                base_fp=meta.get("base_fp"), excluded=excluded)
 
 
 def collect_forks(out):
@@ -594,7 +599,8 @@ def gap_reduction(d_new, d_old, n_boot=10000, seed=0):
     mn, mo = statistics.fmean(d_new), statistics.fmean(d_old)
     r = mn / mo
     out = dict(n=n, estimate=1 - r, se=float("nan"), ci95=[float("nan")] * 2,
-               boot_ci95=[float("nan")] * 2, old_gap=mo, old_gap_se=mean_se(d_old)[1])
+               boot_ci95=[float("nan")] * 2, old_gap=mo, old_gap_se=mean_se(d_old)[1],
+               new_gap=mn, new_gap_se=mean_se(d_new)[1])
     if n < 2:
         return out
     v_new, v_old = statistics.variance(d_new) / n, statistics.variance(d_old) / n
@@ -645,8 +651,9 @@ def growth(runs, ref):
              if same_base(runs["e2m1"][s], runs[ref][s]) and same_base(runs["ufp4"][s], runs[ref][s])]
     if not seeds:
         return []
+    seeds = [s for s in seeds if not any(runs[a][s].get("excluded") for a in ("e2m1", "ufp4", ref))]
     steps = sorted(set.intersection(*(set(runs[a][s]["train_curve"]) for a in ("e2m1", "ufp4", ref)
-                                      for s in seeds)))
+                                      for s in seeds))) if seeds else []
     if not steps:
         return []
     size = math.ceil(len(steps) / GROWTH_PARTS)
@@ -677,6 +684,9 @@ def group_summary(runs, ref):
     arms = [a for a in ARMS if a in runs] + sorted(a for a in runs if a not in ARMS)
     out = dict(arms=arms, bases=sorted({s for r in runs.values() for s in r}),
                steps={a: sorted({r["steps"] for r in runs[a].values()}) for a in arms})
+    excluded = {a: {s: r["excluded"] for s, r in runs[a].items() if r.get("excluded")} for a in arms}
+    if any(excluded.values()):
+        out["excluded"] = {a: ex for a, ex in excluded.items() if ex}
     if ref in runs:
         out["contrasts"] = contrast_rows(runs, arms, ref)
     if "ufp4" in runs:
@@ -798,6 +808,9 @@ def group_markdown(key, g):
         out += [f"- **not paired**: {r['arm']}'s forks of base(s) {r['unpaired']} started from another "
                 f"training of the base than {ref}'s (it was trained again and came out different)"
                 for r in g["contrasts"] if r["unpaired"]]
+        out += [f"- **no train score**: {arm}'s fork of base {s} ({why}); its base is left out of "
+                f"every train contrast with {arm}" for arm, ex in g.get("excluded", {}).items()
+                for s, why in ex.items()]
     out += reduction_text(g.get("gap_reduction", {}))
     out += growth_markdown(g.get("growth", []), g["contrasts"][0]["ref"] if "contrasts" in g else "")
     if "noise" in g:
@@ -822,21 +835,27 @@ def glance_markdown(summary):
         red = g.get("gap_reduction", {})
         if not {"e2m1", "ufp4"} <= set(c) or "train" not in red:
             continue
-        cells = []
+        cells = []   # both gaps over the bases the reduction pairs, so the three cells agree
         for score in ("train", "val"):
-            r = red[score]
+            r = red.get(score)
+            if r is None:
+                cells += ["-", "-", "-"]
+                continue
             ci = "-" if r["n"] < 2 else f"[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]"
-            cells += [_pm(c["e2m1"][score]["vs_ref"]), _pm(c["ufp4"][score]["vs_ref"]),
-                      f"{100 * r['estimate']:.1f} % {ci}"]
+            cells += [_pm(dict(mean=r["old_gap"], se=r["old_gap_se"])),
+                      _pm(dict(mean=r["new_gap"], se=r["new_gap_se"])), f"{100 * r['estimate']:.1f} % {ci}"]
+        ns = sorted({r["n"] for r in red.values()})
         rows.append(f"| {g['base_recipe']} | {g['fork_at']} | {g['fork_at']}..{g['end'] - 1} | "
-                    f"{red['train']['n']} | " + " | ".join(cells) + " |")
+                    f"{' / '.join(map(str, ns))} | " + " | ".join(cells) + " |")
     if len(rows) < 2:
         return []
     return ["## At a glance: the headline by starting point and fork point", "",
             "e2m1 and ufp4 against bf16 forks of the same bases (Δ in nats, mean ± SE over bases) and "
             "the gap reduction 1 - Δufp4 / Δe2m1 with its 95 % interval (delta method, t). A longer "
             "window (an earlier fork point) accumulates more of the recipes' effect; bases trained in "
-            "e2m1 or ufp4 (the crossover) ask whether the effect depends on where training started.", "",
+            "e2m1 or ufp4 (the crossover) ask whether the effect depends on where training started. "
+            "Each row's gaps and reduction are over the bases with all three forks scored (n; train "
+            "/ val where they differ).", "",
             "| bases | fork at | window | n | e2m1 Δ train | ufp4 Δ train | reduction, train | "
             "e2m1 Δ val | ufp4 Δ val | reduction, val |",
             "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
@@ -1023,6 +1042,8 @@ def val_gap(val, ref):
 
 
 def load_seed_runs(out, arms, seeds):
+    """{(arm, seed): curves, final losses, alpha} of the finished runs (done.json): a stopped
+    run's last eval is of another step than a finished one's."""
     runs = {}
     for arm in arms:
         for seed in seeds:
@@ -1030,7 +1051,7 @@ def load_seed_runs(out, arms, seeds):
             train = {r["iter"]: r["loss"] for r in recs if r.get("type") == "train"}
             evals = [r for r in recs if r.get("type") == "eval"]
             tel = [r for r in recs if r.get("type") == "telemetry"]
-            if train:
+            if train and os.path.exists(os.path.join(run_dir(out, arm, seed), "done.json")):
                 runs[arm, seed] = dict(train=train, val={r["iter"]: r["val_loss"] for r in evals},
                                        final_val=evals[-1]["val_loss"] if evals else None,
                                        final_train=evals[-1]["train_loss"] if evals else None,

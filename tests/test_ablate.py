@@ -512,3 +512,49 @@ def test_seeds_report_only_and_stop_after_are_checked(tmp_path, capsys):
             ablate.main(argv)
         assert msg in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "none")
+
+
+def test_a_fork_with_a_skipped_or_missing_step_has_no_train_score(tmp_path):
+    """A non-finite step (train.py skips it and logs NaN) or a step missing from the log leaves
+    the fork without a train score, said in the report; every glance cell and the growth table
+    then use the same bases: e2m1's gap is 0.01, 0.01, 0.04 and ufp4's 0.8 of it on every base,
+    a 20 % reduction wherever it is measured."""
+    out = str(tmp_path / "out")
+    fake_sitting(out, {0: {"e2m1": 0.01, "ufp4": 0.008}, 1: {"e2m1": 0.01, "ufp4": 0.008},
+                       2: {"e2m1": 0.04, "ufp4": 0.032}, 3: {"e2m1": 0.01, "ufp4": 0.008}})
+    for seed, broken in ((2, "nan"), (3, "missing")):
+        path = os.path.join(out, "forks", f"bf16_s{seed}_at4_to8", "ufp4", "log.jsonl")
+        lines = open(path).read().splitlines()
+        if broken == "nan":
+            lines[1] = json.dumps(dict(type="train", iter=5, loss=float("nan")))
+        else:
+            del lines[1]
+        open(path, "w").write("\n".join(lines) + "\n")
+    ablate.fork_report(out, "bf16")
+    g = json.load(open(os.path.join(out, "summary.json")))["groups"][0]
+    assert g["excluded"] == {"ufp4": {"2": "non-finite loss at step(s) [5]",
+                                      "3": "3 of its 4 window steps logged"}}
+    assert g["gap_reduction"]["train"]["n"] == 2 and g["gap_reduction"]["val"]["n"] == 4
+    assert g["gap_reduction"]["train"]["estimate"] == pytest.approx(0.2)
+    assert g["gap_reduction"]["train"]["old_gap"] == pytest.approx(0.01)   # bases 0 and 1 only
+    assert all(r["reduction"] == pytest.approx(0.2) for r in g["growth"])
+    md = open(os.path.join(out, "summary.md")).read()
+    assert "**no train score**: ufp4's fork of base 2 (non-finite loss at step(s) [5])" in md
+
+
+def test_the_seeds_report_leaves_out_unfinished_runs(tmp_path):
+    """A run stopped at step 500 would be averaged with finished ones at 1000: only runs with
+    done.json count."""
+    for arm, seed, done in (("bf16", 0, True), ("bf16", 1, True), ("ufp4", 0, True), ("ufp4", 1, False)):
+        d = ablate.run_dir(str(tmp_path), arm, seed)
+        os.makedirs(d)
+        last = 1000 if done else 500
+        with open(os.path.join(d, "log.jsonl"), "w") as f:
+            for i in range(0, last, 100):
+                f.write(json.dumps(dict(type="train", iter=i, loss=3.0)) + "\n")
+            f.write(json.dumps(dict(type="eval", iter=last, train_loss=3.0 - last / 1000,
+                                    val_loss=3.1)) + "\n")
+        if done:
+            open(os.path.join(d, "done.json"), "w").write("{}")
+    runs = ablate.load_seed_runs(str(tmp_path), ["bf16", "ufp4"], [0, 1])
+    assert sorted(runs) == [("bf16", 0), ("bf16", 1), ("ufp4", 0)]
