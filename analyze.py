@@ -420,6 +420,11 @@ def _mechanism(ckpt_path, out_prefix, n_batches, draws, device):
     per, levels = operand_stats(model, layers, batches)
     result["operands"] = {f"{c}|{t}|{op}": {k: mean_se([s[k] for s in v]) for k in v[0]}
                           for (c, t, op), v in per.items()}
+    # each batch's values too: every layer sees the same batches, so a mean over layers (and a
+    # difference of two configs) has its SE from the batches, not from independent layers
+    for section, per_key in (("gradient", grad), ("operands", per)):
+        result[section + "_batches"] = {"|".join(key): {k: [s[k] for s in v] for k in v[0]}
+                                        for key, v in per_key.items()}
     result["level_bias"] = {f"{c}|{kind}": dict(bias=[s / n if n else None for s, n in zip(*acc)],
                                                 count=acc[1]) for (c, kind), acc in levels.items()}
     os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
@@ -445,13 +450,26 @@ def _per_layer(result, section, metric, label, op=None):
     return [result[section][f"{label}|{t}" + (f"|{op}" if op else "")][metric] for t in result["layers"]]
 
 
+def _per_batch(r, section, metric, label, layer, op=None):
+    """The metric's value in each batch for one layer and config, or None in a result written
+    before they were kept."""
+    batches = r.get(section + "_batches")
+    return batches[f"{label}|{layer}" + (f"|{op}" if op else "")][metric] if batches else None
+
+
 def _layers_pm(r, section, metric, label, op=None):
-    """Mean over layers of a metric, ± the SE of that mean from the per-layer SEs over batches
-    (the layers treated as independent)."""
+    """Mean over layers of a metric, ± its SE: over batches of each batch's mean over layers
+    (the layers share the batches). A result without per-batch values gets the SE from the
+    per-layer SEs as if the layers were independent, which a shared batch effect makes too small
+    (by up to the square root of the layer count)."""
     pairs = _per_layer(r, section, metric, label, op)
+    mean = sum(m for m, _ in pairs) / len(pairs)
+    rows = [_per_batch(r, section, metric, label, t, op) for t in r["layers"]]
+    if all(rows):
+        return mean, mean_se([sum(col) / len(col) for col in zip(*rows)])[1]
     ses = [se for _, se in pairs]
     se = math.sqrt(sum(x * x for x in ses)) / len(ses) if all(x == x for x in ses) else float("nan")
-    return sum(m for m, _ in pairs) / len(pairs), se
+    return mean, se
 
 
 def _layer_mean(result, section, metric, label, op=None):
@@ -470,11 +488,17 @@ def fc2_sqnr(r):
 
 def rht_alpha_shift(r, fmt):
     """(layers where RHT lowers the Fprop input's alpha under fmt, layers where it raises it),
-    each beyond 2 SE of the difference."""
+    each beyond 2 SE of the difference: the SE of the per-batch differences (both measured on
+    the same batches), or, in a result without per-batch values, the two SEs as if independent."""
     op, lower, higher = r["operands"], 0, 0
     for t in r["layers"]:
         (a0, s0), (a1, s1) = op[f"{fmt}|{t}|x"]["alpha"], op[f"{fmt}+RHT|{t}|x"]["alpha"]
-        band = 2 * math.sqrt((s0 if s0 == s0 else 0) ** 2 + (s1 if s1 == s1 else 0) ** 2)
+        b0, b1 = (_per_batch(r, "operands", "alpha", c, t, "x") for c in (fmt, f"{fmt}+RHT"))
+        if b0 and b1:
+            se = mean_se([y - x for x, y in zip(b0, b1)])[1]
+            band = 2 * (se if se == se else 0)
+        else:
+            band = 2 * math.sqrt((s0 if s0 == s0 else 0) ** 2 + (s1 if s1 == s1 else 0) ** 2)
         lower += a1 < a0 - band
         higher += a1 > a0 + band
     return lower, higher
@@ -572,8 +596,10 @@ def mechanism_summary(out_dir):
     head = ["| checkpoint | step | trained in | " + " | ".join(labels) + " |", "|---|---|---" + "|---" * len(labels) + "|"]
     out = ["# The mechanism at fixed weights, across checkpoints", "",
            f"From the `*_mechanism.json` of `analyze.py mechanism` in this folder ({len(results)} checkpoints; "
-           "per checkpoint and layer: its `_mechanism.md`). Means over layers ± the SE of that mean from "
-           "the per-layer SEs over val batches; the forward penalty is the CE with every layer's Fprop "
+           "per checkpoint and layer: its `_mechanism.md`). Means over layers ± the SE over val batches "
+           "of each batch's mean over layers" + ("" if all(r.get("operands_batches") for _, r in results)
+           else " (in files without per-batch values: from the per-layer SEs as if the layers were "
+           "independent, which is too small where a batch moves every layer alike)") + "; the forward penalty is the CE with every layer's Fprop "
            "quantized (RTNE) minus the exact CE, ± SE over batches. The paper's mechanism: E2M1 shrinks "
            "(alpha < 1) and RHT amplifies that; int4 is unbiased (alpha = 1) with or without RHT.", ""]
 

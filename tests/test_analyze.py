@@ -125,3 +125,23 @@ def test_a_missing_or_damaged_checkpoint_is_one_line(tmp_path):
                            ("mechanism", tmp_path / "ckpt.pt", "cannot read checkpoint")):
         with pytest.raises(SystemExit, match=f"error: {msg}"):
             analyze.main([cmd, "--ckpt", str(path), "--out", str(tmp_path / "out"), "--device", "cpu"])
+
+
+def test_layer_means_and_rht_shifts_take_their_se_over_batches():
+    """Every layer sees the same batches: a batch effect shared by all layers stays in the SE of a
+    mean over layers (the per-layer SEs as if independent would be sqrt(4) = 2x too small here),
+    and a shift by RHT that every batch shows is found however much the batches differ."""
+    layers, shared = ["b0.fc", "b1.fc", "b2.fc", "b3.fc"], [0.004, -0.004, 0.002, -0.002]
+    r = dict(layers=layers, operands={}, operands_batches={})
+    for cfg, shift in (("e2m1", 0.0), ("e2m1+RHT", 0.001)):
+        for t in layers:
+            vals = [0.99 + shift + b for b in shared]
+            key = f"{cfg}|{t}|x"
+            r["operands_batches"][key] = dict(alpha=vals)
+            r["operands"][key] = dict(alpha=list(analyze.mean_se(vals)))
+    mean, se = analyze._layers_pm(r, "operands", "alpha", "e2m1", "x")
+    assert mean == pytest.approx(0.99) and se == pytest.approx(analyze.mean_se(shared)[1])
+    assert analyze.rht_alpha_shift(r, "e2m1") == (0, 4)
+    old = dict(r, operands_batches=None)   # a result written before per-batch values were kept
+    assert analyze._layers_pm(old, "operands", "alpha", "e2m1", "x")[1] == pytest.approx(se / 2)
+    assert analyze.rht_alpha_shift(old, "e2m1") == (0, 0)
