@@ -555,10 +555,11 @@ def setup_data(run):
     if run.master:
         why = dataset_needs_build(c, run.data_path)
         if why and why != "first use" and not run.writes:
+            mode = "a dry run" if c.dry_run else "an eval_only run"
+            fix = "drop --dataset_input to use it as it is, or " if c.dataset_input else ""
             raise ConfigError(f"dataset {c.dataset!r} in {run.data_path} would be rebuilt ({why}), "
-                              f"which a {'dry run' if c.dry_run else 'eval_only run'} does not do: "
-                              f"its checkpoints were trained on the data there; drop "
-                              f"--dataset_input to use it as it is, or rebuild it in a training run")
+                              f"which {mode} does not do (checkpoints may have been trained on "
+                              f"the data there): {fix}rebuild it in a training run")
         if why:
             if c.dataset_input or why != "first use":   # (prepare_dataset says it on first use)
                 run.log(f"preparing dataset {c.dataset!r} in {run.data_path} ({why})...")
@@ -832,7 +833,7 @@ def resume(run):
     run.healthy = (src, run.iter_num, ckpt.get("val_loss", run.best_val_loss))
     run.log(f"resumed from {src} at iter {run.iter_num} (best val loss {ckpt['best_val_loss']:.4f}"
             + ("; this fork keeps its own best)" if fork else ")"))
-    if run.master and run.writes:
+    if run.master and run.writes and LOG not in run.claim[1]:   # (a log set aside stays whole)
         trim_log(os.path.join(c.out_dir, LOG), run.iter_num)
 
 
@@ -944,14 +945,16 @@ def save(run, val_loss, best):
                 + (f" (and {BEST}: best val loss)" if best else ""))
         # the weights alone, readable by any framework without running code (hf.py exports them)
         weights = os.path.join(run.c.out_dir, WEIGHTS)
+        had = os.path.exists(weights)
         try:
             hf.save_weights(model_sd, weights, metadata=dict(
                 model_args=dataclasses.asdict(run.margs), recipe=run.recipe.name,
                 iter_num=run.iter_num, meta=run.meta))
         except Exception as e:   # safetensors' own error type wraps a full disk's OSError
+            left = "still holds the previous save's weights" if had else "was not written"
             raise CheckpointError(f"could not write {weights}: {e}; {run.ckpt_path} (iter "
-                                  f"{run.iter_num}) is saved, {weights} still holds the previous "
-                                  f"save's weights: free some space or use another --out_dir") from None
+                                  f"{run.iter_num}) is saved, {weights} {left}: free some space or "
+                                  f"use another --out_dir") from None
     run.healthy = (run.ckpt_path, run.iter_num, val_loss)
     return True
 

@@ -707,9 +707,13 @@ def test_a_full_disk_is_one_clear_error(ds, trained, tmp_path, monkeypatch):
         raise RuntimeError("Error while serializing: No space left on device (os error 28)")
     monkeypatch.setattr("safetensors.torch.save_file", no_weights)
     with pytest.raises(train.CheckpointError, match=r"could not write .*model.safetensors: .*os error 28"
-                                                    r".*ckpt.pt \(iter 6\) is saved"):
+                                                    r".*ckpt.pt \(iter 6\) is saved, .* still holds the "
+                                                    r"previous save's weights"):
         run(ds, out, init_from="resume", max_iters=6, eval_interval=2)
     assert torch.load(out / "ckpt.pt", weights_only=False)["iter_num"] == 6
+    with pytest.raises(train.CheckpointError, match=r"ckpt.pt \(iter 2\) is saved, .*model.safetensors "
+                                                    r"was not written"):   # a run's first save
+        run(ds, tmp_path / "new", max_iters=2, eval_interval=2)
 
 
 def test_kill_9_during_training_leaves_a_loadable_checkpoint(ds, tmp_path):
@@ -965,13 +969,14 @@ def test_a_fork_keeps_its_own_best_and_its_own_log(ds, trained, tmp_path):
     train.save_checkpoint(dict(ckpt, best_val_loss=0.5), str(tmp_path / "src" / "ckpt.pt"))
     fork = tmp_path / "fork"
     fork.mkdir()
-    (fork / "log.jsonl").write_text(json.dumps(dict(type="train", iter=0, loss=9.0)) + "\n")
+    (fork / "log.jsonl").write_text("".join(json.dumps(dict(type="train", iter=i, loss=9.0)) + "\n"
+                                            for i in range(10)))   # past the fork point too
     run(ds, fork, init_from="resume", resume_from=str(tmp_path / "src" / "ckpt.pt"), max_iters=5,
         eval_interval=2, always_save_checkpoint=False)
     assert torch.load(fork / "ckpt_best.pt", weights_only=False)["iter_num"] == 5
     assert torch.load(fork / "ckpt.pt", weights_only=False)["best_val_loss"] > 0.5
     assert [r["iter"] for r in read_log(str(fork))] == [4]
-    assert (fork / "log_prev.jsonl").read_text().startswith('{"type": "train", "iter": 0')
+    assert [json.loads(line)["iter"] for line in open(fork / "log_prev.jsonl")] == list(range(10))
 
 
 def test_optimizer_keys_given_on_resume_win(ds, trained, tmp_path):
@@ -1140,7 +1145,7 @@ def test_changed_input_file_rebuilds_the_dataset(tmp_path, capsys):
     before = {f: open(os.path.join(folder, f), "rb").read() for f in os.listdir(folder)}
     for out, kw in (("c", dict(dry_run=True)), ("a", dict(eval_only=True, init_from="resume"))):
         with pytest.raises(train.ConfigError, match=r"would be rebuilt \(it was built from other "
-                                                    r"files.*does not do: .*drop --dataset_input"):
+                                                    r"files.*does not do .*drop --dataset_input"):
             train.main(tiny_args(folder, str(tmp_path / out), dataset_input=str(text), **kw))
     assert {f: open(os.path.join(folder, f), "rb").read() for f in os.listdir(folder)} == before
     train.main(tiny_args(folder, str(tmp_path / "b"), dataset_input=str(text), max_iters=1))
@@ -1166,6 +1171,33 @@ def test_a_run_does_not_continue_on_its_dataset_rebuilt_from_other_text(tmp_path
         train.main([f"--out_dir={first}", "--init_from=resume", "--max_iters=4", "--device=cpu"])
     with pytest.raises(train.ConfigError, match="is not the data the checkpoint was trained on"):
         eval_script.main([f"--out_dir={first}"])
+
+def test_resume_on_data_rebuilt_with_another_vocabulary_names_the_data(tmp_path):
+    """New text with new characters changes the vocabulary, and so the model's shape: the data is
+    named as the cause, not the model."""
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    folder = str(tmp_path / "data" / "mine")
+    first = str(tmp_path / "a")
+    train.main(tiny_args(folder, first, dataset_input=str(text), max_iters=2, eval_interval=2))
+    text.write_text("Now is the winter of our discontent made glorious summer!\n" * 200)
+    train.main(tiny_args(folder, str(tmp_path / "b"), dataset_input=str(text), max_iters=1))
+    with pytest.raises(train.CheckpointError, match=r"is not the data .*ckpt.pt was trained on "
+                                                    r"\(vocab_size \d+ -> \d+"):
+        train.main([f"--out_dir={first}", "--init_from=resume", "--max_iters=4", "--device=cpu"])
+
+
+def test_a_dry_run_does_not_rebuild_an_unreadable_named_dataset(tmp_path):
+    """Its meta.json unreadable, a named dataset would be prepared again: a dry run refuses, and
+    says what to do without naming a --dataset_input it was not given."""
+    folder = tmp_path / "data" / "shakespeare_char"
+    make_char_dataset(str(folder))
+    (folder / "meta.json").write_text('{"tokenizer": "char", "voc')
+    with pytest.raises(train.ConfigError, match=r"would be rebuilt \(its meta.json is unreadable\), "
+                                                r"which a dry run does not do .*: rebuild it in a "
+                                                r"training run$"):
+        train.main(tiny_args(str(folder), str(tmp_path / "o"), dry_run=True))
+
 
 def test_changed_tokenizer_rebuilds_the_dataset(tmp_path):
     text = tmp_path / "input.txt"
