@@ -31,7 +31,11 @@ def _set(cfg, defaults, nullable, choices, key, value, source):
     default = defaults[key]
     want = nullable.get(key, type(default))
     if isinstance(default, float) and type(value) is int:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ConfigError(f"config key {key!r} (from {source}): {value} is too large for a "
+                              f"float") from None
     if not ((value is None and key in nullable) or type(value) is want):
         raise ConfigError(f"config key {key!r} (from {source}) must be {want.__name__}"
                           f"{' or None' if key in nullable else ''}, got {type(value).__name__} "
@@ -42,16 +46,18 @@ def _set(cfg, defaults, nullable, choices, key, value, source):
     cfg[key] = value
 
 
-def _parse_value(raw, want):
-    """--key=value: a Python literal (True, 3, 1e-3, None...), else the raw string."""
-    if raw.lower() in ("true", "false"):
+def _parse_value(raw, want, can_be_none=False):
+    """--key=value: a Python literal (True, 3, 1e-3, None...), else the raw string. A key that
+    holds text takes the text as written (--out_dir=2024, --start=True), None only where the
+    key may be None."""
+    if want is not str and raw.lower() in ("true", "false"):
         return raw.lower() == "true"
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         return raw
-    if want is str and value is not None and not isinstance(value, str):
-        return raw  # --out_dir=2024 is the string "2024"
+    if want is str and not isinstance(value, str):
+        return None if value is None and can_be_none else raw
     return value
 
 
@@ -63,8 +69,8 @@ def _run_config_file(path):
     if root not in sys.path:   # lets config files `from configs._x import *`
         sys.path.insert(0, root)
     ns = {"__file__": path, "__name__": "__config__"}
-    try:
-        with open(path) as f:
+    try:   # bytes, so Python reads a BOM and a coding line as it would running the file
+        with open(path, "rb") as f:
             exec(builtins.compile(f.read(), path, "exec"), ns)  # `compile` is a config key
     except SyntaxError as e:
         raise ConfigError(f"config file {path}, line {e.lineno}: {e.msg}: fix the Python "
@@ -84,12 +90,12 @@ def parse(argv, defaults, nullable=None, choices=None):
     for arg in argv:
         if arg.startswith("--"):
             key, eq, raw = arg[2:].partition("=")
-            if not eq and isinstance(defaults.get(key), bool):
-                raw = "True"   # bare --flag
-            elif not eq:
-                raise ConfigError(f"expected --key=value, got {arg!r} (--help lists the keys)")
             want = nullable.get(key, type(defaults.get(key)))
-            _set(cfg, defaults, nullable, choices, key, _parse_value(raw, want), arg)
+            if not eq and key in defaults and want is bool:
+                raw = "True"   # bare --flag
+            elif not eq and key in defaults:
+                raise ConfigError(f"expected --key=value, got {arg!r} (--help lists the keys)")
+            _set(cfg, defaults, nullable, choices, key, _parse_value(raw, want, key in nullable), arg)
             given.add(key)
         else:
             for key, value in _run_config_file(arg).items():

@@ -246,7 +246,7 @@ def main(argv):
     for path in argv:
         try:
             print(plot_run(path))
-        except PlotError as e:
+        except (PlotError, OSError) as e:   # (an unwritable folder: the others still plot)
             print(f"error: {e}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0

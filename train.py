@@ -267,7 +267,8 @@ def check_config(cfg):
         raise ConfigError(f"lr_decay_iters={cfg['lr_decay_iters']} is not past warmup_iters="
                           f"{cfg['warmup_iters']}: the learning rate would drop to min_lr right "
                           f"after warmup; raise lr_decay_iters (0 = max_iters) or lower warmup_iters")
-    if os.path.basename(cfg["dataset"]) != cfg["dataset"] or cfg["dataset"] in (".", ".."):
+    if not cfg["dataset"] or os.path.basename(cfg["dataset"]) != cfg["dataset"] \
+            or cfg["dataset"] in (".", ".."):
         raise ConfigError(f"dataset={cfg['dataset']!r} must be a plain name (a folder under "
                           f"data_dir): use --data_dir for another place")
     if cfg["fsdp"] and cfg["compile"] and cfg["compile_mode"] in GRAPH_MODES:
@@ -566,7 +567,7 @@ def setup_data(run):
             t = time.time()
             try:
                 if c.dataset_input:
-                    data.prepare.prepare(c.dataset_input.split(","), run.data_path,
+                    data.prepare.prepare([p for p in c.dataset_input.split(",") if p], run.data_path,
                                          c.dataset_tokenizer)
                 else:
                     data.prepare_dataset(c.dataset, data_dir=c.data_dir, force=True)

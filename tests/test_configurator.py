@@ -42,3 +42,33 @@ def test_help_lists_every_key_with_default_type_and_meaning(script, module):
     if script == "train.py":   # the block's comment lines read as section titles
         assert "\n\nI/O\n  --out_dir=" in p.stdout and "\nsystem\n  --device=" in p.stdout
         assert "default config values" not in p.stdout
+
+
+def test_text_keys_take_text_as_written(tmp_path):
+    """true, false, None and numbers are text where a key holds text (None only where the key
+    may be None); a bool key's value is still a bool."""
+    c = train.get_config(["--dataset=true", "--wandb_run_name=False", "--out_dir=2024"])
+    assert (c["dataset"], c["wandb_run_name"], c["out_dir"]) == ("true", "False", "2024")
+    cfg, _ = configurator.parse(["--start=None", "--name=True"], dict(start="\n", name="x"))
+    assert cfg == dict(start="None", name="True")
+    cfg, _ = configurator.parse(["--fmt=None", "--flag=false"], dict(fmt=None, flag=True), dict(fmt=str))
+    assert cfg == dict(fmt=None, flag=False)
+
+
+def test_config_file_with_a_bom_or_a_coding_line_runs_as_python_runs_it(tmp_path):
+    bom = tmp_path / "bom.py"
+    bom.write_bytes(b"\xef\xbb\xbfbatch_size = 7\n")
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"# -*- coding: latin-1 -*-\nwandb_run_name = 'caf\xe9'\n")
+    c = train.get_config([str(bom), str(latin)])
+    assert c["batch_size"] == 7 and c["wandb_run_name"] == "caf\u00e9"
+
+
+def test_odd_command_line_values_are_one_line_errors():
+    with pytest.raises(ConfigError, match=r"learning_rate.*is too large for a float"):
+        train.get_config(["--learning_rate=1" + "0" * 400])
+    with pytest.raises(ConfigError, match=r"unknown config key 'complie' .*did you mean compile"):
+        train.get_config(["--complie"])
+    assert train.get_config(["--recipe=mxfp4", "--recipe_fp8_gemm"])["recipe_fp8_gemm"] is True   # may be None
+    with pytest.raises(ConfigError, match=r"dataset='' must be a plain name"):
+        train.get_config(["--dataset="])

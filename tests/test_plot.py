@@ -120,3 +120,14 @@ def test_train_plots_its_run(tmp_path):
     ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
     train.main(tiny_args(ds, str(tmp_path / "out"), max_iters=4, eval_interval=2))
     check_png(str(tmp_path / "out" / "log.png"))
+
+
+def test_an_unwritable_png_is_one_line_and_the_others_still_plot(tmp_path):
+    bad, ok = tmp_path / "bad", tmp_path / "ok"
+    write_log(str(bad))
+    write_log(str(ok))
+    (bad / "log.png").mkdir()   # the PNG cannot be written there (for root too)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "plot.py"), str(bad), str(ok)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1
+    assert os.path.exists(ok / "log.png")

@@ -277,8 +277,8 @@ def test_dataset_prepared_from_input_file(tmp_path):
     text = tmp_path / "input.txt"
     text.write_text("To be, or not to be, that is the question.\n" * 200)
     out = tmp_path / "out"
-    train.main(tiny_args(str(tmp_path / "data" / "mine"), str(out), dataset_input=str(text),
-                         max_iters=2))
+    train.main(tiny_args(str(tmp_path / "data" / "mine"), str(out), dataset_input=str(text) + ",",
+                         max_iters=2))   # (a trailing comma names no file)
     assert (tmp_path / "data" / "mine" / "train.bin").exists() and (out / "ckpt.pt").exists()
 
 TINYSHAKESPEARE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
