@@ -128,8 +128,8 @@ def rng_state():
                 numpy=dict(np_state, state=dict(
                     key=torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
                     pos=int(np_state["state"]["pos"]))),
-                torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+                torch=torch.get_rng_state(),   # and this process's own GPU's (not every visible one's)
+                cuda=torch.cuda.get_rng_state() if torch.cuda.is_available() else None)
 
 
 def set_rng_state(s):
@@ -139,8 +139,12 @@ def set_rng_state(s):
                              pos=np_state["state"]["pos"])
     np.random.set_state(np_state)
     torch.set_rng_state(s["torch"])
-    if s["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
+    cuda = s["cuda"]
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):   # older checkpoints: every GPU the process saw
+            here = torch.cuda.current_device()
+            cuda = cuda[here] if here < len(cuda) else cuda[0]
+        torch.cuda.set_rng_state(cuda)
 
 # -----------------------------------------------------------------------------
 # checksum of the contents: every tensor's bytes and every plain value, in the dict's order

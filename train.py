@@ -447,6 +447,9 @@ def setup_processes(run):
         torch.distributed.init_process_group(
             "nccl" if c.device.startswith("cuda") else "gloo",
             timeout=datetime.timedelta(seconds=c.dist_timeout_s))
+        # the others wait for rank 0 to prepare the dataset: as long as that takes, not
+        # dist_timeout_s (which is for a rank that hangs in training)
+        run.prep_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
     elif c.fsdp:   # one process without torchrun: FSDP2 still needs a (one-rank) process group
         torch.distributed.init_process_group(
             "nccl" if c.device.startswith("cuda") else "gloo", store=torch.distributed.HashStore(),
@@ -575,7 +578,7 @@ def setup_data(run):
                 raise ConfigError(str(e)) from None
             run.log(f"dataset prepared in {time.time() - t:.1f}s")
     if run.ddp:
-        torch.distributed.barrier()
+        torch.distributed.barrier(group=run.prep_group)
     try:
         run.meta = data.load_meta(run.data_path)
     except (ValueError, OSError) as e:
@@ -861,10 +864,12 @@ def resume_streams(run, ckpt, src):
     if run.rank < old_world:
         run.train_loader.load_state_dict(ckpt["loader"][run.rank])
         set_rng_state(ckpt["rng"][run.rank])
-    elif old_world:   # a new rank: rank 0's host RNGs, fresh torch and data streams
-        set_rng_state(ckpt["rng"][0])
-        torch.manual_seed(int(np.random.SeedSequence([run.c.seed, run.rank, run.iter_num])
-                              .generate_state(1)[0]))
+    elif old_world:   # a new rank: rank 0's host RNGs, fresh torch and data streams (keyed by the
+        set_rng_state(ckpt["rng"][0])   # iteration: a rank that existed once must not replay its data)
+        fresh = np.random.SeedSequence([run.c.seed, run.rank, run.iter_num])
+        torch.manual_seed(int(fresh.generate_state(1)[0]))
+        run.train_loader.load_state_dict(dict(rng=np.random.default_rng(fresh).bit_generator.state,
+                                              step=0))
     if old_world != run.world:
         run.log(f"note: {src} was written by {old_world} process(es), now {run.world}: ranks "
                 f"below {min(old_world, run.world)} continue their data/RNG streams, the others "

@@ -115,3 +115,23 @@ def test_older_pickles_with_numpy_objects_are_refused(tmp_path):
     torch.save(dict(fake_ckpt(), rng=[np.random.get_state()]), path)
     with pytest.raises(CheckpointError, match="holds Python objects other than tensors.*refusing"):
         load_checkpoint(path)
+
+
+def test_the_cuda_rng_state_is_this_processs_own_gpus(monkeypatch):
+    """A process saves its own GPU's generator, not every visible GPU's: a checkpoint written
+    where 2 GPUs were visible must resume where 1 is. Older checkpoints hold a list (one per
+    visible GPU): the process takes its own device's entry, or the first."""
+    states = [torch.tensor([i], dtype=torch.uint8) for i in range(2)]
+    got = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: states[1])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", got.append)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: pytest.fail("per-GPU list restored"))
+    s = checkpoint.rng_state()
+    assert s["cuda"] is states[1]
+    for device, want in ((0, 0), (1, 1), (3, 0)):   # 3: fewer GPUs visible than when it was saved
+        monkeypatch.setattr(torch.cuda, "current_device", lambda d=device: d)
+        checkpoint.set_rng_state(dict(s, cuda=states))
+        assert got.pop() is states[want]
+    checkpoint.set_rng_state(s)
+    assert got.pop() is states[1]

@@ -15,6 +15,7 @@ import sys
 import time
 import unittest.mock
 
+import numpy as np
 import pytest
 import torch
 
@@ -1293,3 +1294,20 @@ def test_data_script_bad_input_is_one_line(tmp_path):
                         str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 1 and p.stderr.strip() == \
         f"error: input file '{tmp_path / 'missing.txt'}' not found", p.stderr
+
+
+def test_a_new_rank_starts_a_data_stream_of_its_own(ds):
+    """A checkpoint of fewer processes than now: a new rank's data stream is keyed by the
+    iteration too, so a rank that existed before (2 -> 1 -> 2 processes) draws new batches,
+    not its first ones again."""
+    import data.loader
+    import types
+    loader = data.loader.BinLoader(ds, "train", 32, 4, seed=1, rank=1, world_size=2)
+    first = loader.next_batch()[0]
+    ckpt = dict(world_size=1, rng=[train.rng_state()], loader=[loader.state_dict()])
+    run_ = types.SimpleNamespace(rank=1, world=2, iter_num=6, c=types.SimpleNamespace(seed=1),
+                                 train_loader=loader, log=lambda msg: None)
+    train.resume_streams(run_, ckpt, "src")
+    fresh = np.random.default_rng(np.random.SeedSequence([1, 1, 6]))
+    assert loader.state_dict() == dict(rng=fresh.bit_generator.state, step=0)
+    assert not torch.equal(loader.next_batch()[0], first)
