@@ -234,8 +234,10 @@ def plot_run(path, png_path=None):
     fig.suptitle(os.path.abspath(os.path.dirname(log)), fontsize=9)
     fig.tight_layout()
     png = png_path or os.path.splitext(log)[0] + ".png"
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(png, dpi=100)
+    finally:   # (a failed write too: main goes on with other runs)
+        plt.close(fig)
     return png
 
 def main(argv):

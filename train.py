@@ -450,7 +450,9 @@ def setup_processes(run):
         # the others wait for rank 0 to prepare the dataset: as long as that takes, not
         # dist_timeout_s (which is for a rank that hangs in training)
         run.prep_group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
-    elif c.fsdp:   # one process without torchrun: FSDP2 still needs a (one-rank) process group
+    elif c.device.startswith("cuda:"):   # its generator is the one checkpoints save (rng_state)
+        torch.cuda.set_device(c.device)
+    if not run.ddp and c.fsdp:   # one process without torchrun: FSDP2 needs a (one-rank) process group
         torch.distributed.init_process_group(
             "nccl" if c.device.startswith("cuda") else "gloo", store=torch.distributed.HashStore(),
             rank=0, world_size=1)
@@ -556,22 +558,22 @@ def setup_data(run):
     the train loader."""
     c = run.c
     run.data_path = os.path.join(c.data_dir, c.dataset)
+    inputs = [p for p in c.dataset_input.split(",") if p]   # (a stray comma names no file)
     if run.master:
         why = dataset_needs_build(c, run.data_path)
         if why and why != "first use" and not run.writes:
             mode = "a dry run" if c.dry_run else "an eval_only run"
-            fix = "drop --dataset_input to use it as it is, or " if c.dataset_input else ""
+            fix = "drop --dataset_input to use it as it is, or " if inputs else ""
             raise ConfigError(f"dataset {c.dataset!r} in {run.data_path} would be rebuilt ({why}), "
                               f"which {mode} does not do (checkpoints may have been trained on "
                               f"the data there): {fix}rebuild it in a training run")
         if why:
-            if c.dataset_input or why != "first use":   # (prepare_dataset says it on first use)
+            if inputs or why != "first use":   # (prepare_dataset says it on first use)
                 run.log(f"preparing dataset {c.dataset!r} in {run.data_path} ({why})...")
             t = time.time()
             try:
-                if c.dataset_input:
-                    data.prepare.prepare([p for p in c.dataset_input.split(",") if p], run.data_path,
-                                         c.dataset_tokenizer)
+                if inputs:
+                    data.prepare.prepare(inputs, run.data_path, c.dataset_tokenizer)
                 else:
                     data.prepare_dataset(c.dataset, data_dir=c.data_dir, force=True)
             except (RuntimeError, ValueError, OSError) as e:   # each names the dataset or file

@@ -129,7 +129,7 @@ def test_the_cuda_rng_state_is_this_processs_own_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: pytest.fail("per-GPU list restored"))
     s = checkpoint.rng_state()
     assert s["cuda"] is states[1]
-    for device, want in ((0, 0), (1, 1), (3, 0)):   # 3: fewer GPUs visible than when it was saved
+    for device, want in ((0, 0), (1, 1), (3, 0)):   # 3: a device the saving process did not see
         monkeypatch.setattr(torch.cuda, "current_device", lambda d=device: d)
         checkpoint.set_rng_state(dict(s, cuda=states))
         assert got.pop() is states[want]

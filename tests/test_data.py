@@ -592,8 +592,11 @@ def test_the_shakespeare_scripts_write_other_text_only_into_a_folder_of_its_own(
     text.write_text("To be, or not to be, that is the question.\n" * 300)
     p = subprocess.run([sys.executable, script, "--input", str(text)], cwd=REPO, capture_output=True,
                        text=True)
-    assert p.returncode == 1 and "is the named dataset" in p.stderr and "--out=data/NAME" in p.stderr
+    assert p.returncode == 1 and "is the folder of the named dataset" in p.stderr and "--out=data/NAME" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+    p = subprocess.run([sys.executable, script, "--input", str(text), "--out", str(tmp_path / "literature")],
+                       cwd=REPO, capture_output=True, text=True)   # another named dataset's folder
+    assert p.returncode == 1 and "folder of the named dataset 'literature'" in p.stderr
     p = subprocess.run([sys.executable, script, "--input", str(text), "--out", str(tmp_path / "mine")],
                        cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 0 and os.path.exists(tmp_path / "mine" / "meta.json"), p.stderr
