@@ -422,6 +422,11 @@ def unlock_out_dir(lock, out_dir):
         folder = os.path.dirname(folder)
 
 
+def in_folder(path, folder):
+    """Whether the file `path` lies in `folder`: a checkpoint resumed from elsewhere is a fork."""
+    return os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder)
+
+
 def claim_out_dir(out_dir, init_from, resume_from, overwrite):
     """(files to remove, files to keep aside) for this run to own out_dir. A scratch run never
     lands on another run's checkpoints, nor does a resume from elsewhere (a fork), unless
@@ -430,8 +435,7 @@ def claim_out_dir(out_dir, init_from, resume_from, overwrite):
     there). Resuming the run in out_dir, or forking into a new folder, is free."""
     found = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
     ckpts = [f for f in found if f != LOG]
-    fork = init_from == "resume" and resume_from and \
-        os.path.dirname(os.path.abspath(resume_from)) != os.path.abspath(out_dir)
+    fork = init_from == "resume" and resume_from and not in_folder(resume_from, out_dir)
     if init_from == "scratch" and ckpts:
         clash = (f"out_dir {out_dir} holds a run ({', '.join(found)}): continue it with "
                  f"--init_from=resume, replace it with --overwrite=True, or pick another --out_dir")
@@ -454,8 +458,8 @@ def check_rewind(src, iter_num, out_dir, overwrite):
     says so. A ckpt.pt that does not read back whole (the reason to resume from ckpt_prev.pt) is
     no later state to lose."""
     latest = os.path.join(out_dir, LATEST)
-    if os.path.dirname(os.path.abspath(src)) != os.path.abspath(out_dir) or \
-            os.path.abspath(src) == os.path.abspath(latest) or not os.path.exists(latest):
+    if not in_folder(src, out_dir) or os.path.abspath(src) == os.path.abspath(latest) \
+            or not os.path.exists(latest):
         return
     try:
         later = _read(latest)["iter_num"]

@@ -59,8 +59,8 @@ import fp4
 import hf
 import parallel
 from checkpoint import (BEST, LATEST, LOG, PREVIOUS_LOG, RECIPE_KEYS, WEIGHTS, CheckpointError,
-                        check_rewind, claim_out_dir, data_changes, load_checkpoint, lock_out_dir,
-                        make_recipe_from, recipe_misfit, remove_run_files, rng_state,
+                        check_rewind, claim_out_dir, data_changes, in_folder, load_checkpoint,
+                        lock_out_dir, make_recipe_from, recipe_misfit, remove_run_files, rng_state,
                         save_checkpoint, set_rng_state, unlock_out_dir)
 from configurator import (ConfigError, check_backend, check_device, check_ranges, defaults_of,
                           help_text, parse, wants_help)
@@ -558,7 +558,7 @@ def setup_data(run):
     the train loader."""
     c = run.c
     run.data_path = os.path.join(c.data_dir, c.dataset)
-    inputs = [p for p in c.dataset_input.split(",") if p]   # (a stray comma names no file)
+    inputs = dataset_inputs(c)
     if run.master:
         why = dataset_needs_build(c, run.data_path)
         if why and why != "first use" and not run.writes:
@@ -589,10 +589,15 @@ def setup_data(run):
     make_loader(run, "val", c.seed)  # fail now, not at the first eval, if val.bin is too short
 
 
+def dataset_inputs(c):
+    """The files --dataset_input names (a stray comma names none)."""
+    return [p for p in c.dataset_input.split(",") if p]
+
+
 def dataset_needs_build(c, path):
     """Why data_dir/<dataset> must be (re)built, or "" when it holds what the config asks for:
     the data cache is keyed by the input files' sha256 and the tokenizer."""
-    inputs = [p for p in c.dataset_input.split(",") if p]
+    inputs = dataset_inputs(c)
     for p in inputs:
         if not os.path.isfile(p):
             raise ConfigError(f"dataset_input file {p!r} " + ("is a folder" if os.path.isdir(p)
@@ -824,7 +829,7 @@ def resume(run):
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{src} does not fit this model/optimizer: {e}") from e
     # a fork's ckpt_best.pt is the best of its own evals, not its parent's
-    fork = os.path.dirname(os.path.abspath(src)) != os.path.abspath(c.out_dir)
+    fork = not in_folder(src, c.out_dir)
     run.iter_num = ckpt["iter_num"]
     run.best_val_loss = float("inf") if fork else ckpt["best_val_loss"]
     run.n_nonfinite = ckpt.get("n_nonfinite", 0)
