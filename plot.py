@@ -10,9 +10,10 @@ the expert load per layer; FP4 telemetry runs add the attenuation alpha per GEMM
 Steps skipped as non-finite are marked on the loss panel. train.py calls plot_run(out_dir) at
 the end of a run.
 
-The y-limits come from a running median, so that one spike (a bad step, the first step's
-warm-up time) does not flatten the rest of a curve, while the loss's steady descent from its
-first value, many points long, stays in view.
+The y-limits come from a running median widened by the points' spread around it, so that one
+spike (a bad step, the first step's warm-up time) does not flatten the rest of a curve, while
+the loss's steady descent from its first value, many points long, and a noisy series' band stay
+in view.
 """
 import json
 import math
@@ -71,19 +72,32 @@ def series(records, kind, key):
 # -----------------------------------------------------------------------------
 # limits and smoothing
 
-def running_median(values, window):
+def running_median(values, window, stride=1):
+    """Median of the window centred on every stride-th point."""
     half = window // 2
-    return [statistics.median(values[max(0, i - half):i + half + 1]) for i in range(len(values))]
+    return [statistics.median(values[max(0, i - half):i + half + 1])
+            for i in range(0, len(values), stride)]
 
 def robust_limits(values, extra=(), log=False):
     """y-limits spanning the running median of values (window ~2% of the points, at least 5)
-    and the points in `extra` (few, trusted: the eval losses), with a margin."""
+    widened by the points' spread around it (2nd to 98th percentile), and the points in `extra`
+    (few, trusted: the eval losses), with a margin. On a log axis all of it is taken in log10.
+    The median is taken at about 400 points, so a 60k-record log takes well under a second."""
     if not values and not extra:
         return None
-    smooth = running_median(list(values), max(5, len(values) // 50) | 1) if values else []
-    lo, hi = min(list(smooth) + list(extra)), max(list(smooth) + list(extra))
-    if log:
-        lo, hi = math.log10(lo), math.log10(hi)
+    to_axis = (lambda v: math.log10(v)) if log else (lambda v: v)
+    band = [to_axis(v) for v in extra]
+    if values:
+        values = [to_axis(v) for v in values]
+        window = max(5, len(values) // 50) | 1
+        stride = max(1, window // 8)
+        smooth = running_median(values, window, stride)
+        residual = sorted(v - smooth[min(round(i / stride), len(smooth) - 1)]
+                          for i, v in enumerate(values))
+        low = residual[int(0.02 * (len(residual) - 1))]
+        high = residual[math.ceil(0.98 * (len(residual) - 1))]
+        band += [min(smooth) + min(low, 0.0), max(smooth) + max(high, 0.0)]
+    lo, hi = min(band), max(band)
     pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.05
     lo, hi = lo - pad, hi + pad
     return (10 ** lo, 10 ** hi) if log else (lo, hi)

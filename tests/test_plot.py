@@ -81,6 +81,17 @@ def test_limits_keep_the_start_and_drop_a_spike(tmp_path):
     _, tok = plot.series(records, "train", "tok_per_s")
     assert plot.robust_limits(tok)[0] > 900       # nor does the first step's warm-up time
 
+def test_limits_keep_a_noisy_series_in_view():
+    import random
+    rng = random.Random(0)
+    noisy = [1.0 + rng.gauss(0, 0.3) for _ in range(5000)]
+    lo, hi = plot.robust_limits(noisy)
+    ordered = sorted(noisy)   # the noise band shows, not only its running median
+    assert lo <= ordered[int(0.03 * len(ordered))] and hi >= ordered[int(0.97 * len(ordered))]
+    lo, hi = plot.robust_limits([v + 1.0 for v in noisy] + [1e3], log=True)
+    assert hi < 10   # one spike still does not set the top, on a log axis too
+    assert lo <= ordered[int(0.03 * len(ordered))] + 1.0
+
 def test_a_scratch_run_appended_to_an_old_log_plots_alone(tmp_path):
     log = write_log(tmp_path / "run", n=120)
     with open(log, "a") as f:   # a second run from scratch into the same out_dir
