@@ -15,7 +15,8 @@ from data.common import clean_text, read_text_file, sha256_file, write_dataset
 
 
 def prepare(input_paths, out_dir, tokenizer="gpt2", val_fraction=0.1):
-    documents = [(os.path.basename(path), clean_text(read_text_file(path))) for path in input_paths]
+    # each file counted under its path as given: two notes.txt from different folders stay apart
+    documents = [(path, clean_text(read_text_file(path))) for path in input_paths]
     return write_dataset(out_dir, documents, tokenizer=tokenizer, val_fraction=val_fraction,
                          source="local files: " + ", ".join(input_paths),
                          inputs=[(path, sha256_file(path)) for path in input_paths])

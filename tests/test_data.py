@@ -541,6 +541,19 @@ def test_bad_input_file_is_refused_before_writing(tmp_path, content, msg):
     assert not (tmp_path / "out").exists()
 
 
+def test_local_files_are_counted_per_path_not_per_name(tmp_path):
+    from data import prepare as local
+    paths = [tmp_path / "a" / "notes.txt", tmp_path / "b" / "notes.txt"]
+    for i, path in enumerate(paths):
+        path.parent.mkdir()
+        path.write_text(("first\n" if i == 0 else "second, longer\n") * 20)
+    meta = local.prepare([str(p) for p in paths], str(tmp_path / "out"), tokenizer="char")
+    by_source = meta["tokens_by_source"]
+    assert sorted(by_source) == sorted(str(p) for p in paths)
+    assert [by_source[str(p)]["documents"] for p in paths] == [1, 1]
+    assert by_source[str(paths[0])]["train_tokens"] < by_source[str(paths[1])]["train_tokens"]
+
+
 def test_text_too_short_for_both_splits_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="too little text: the train split would be empty"):
         write_dataset(str(tmp_path / "out"), [("a", "x")], tokenizer="char")
