@@ -140,6 +140,18 @@ FORMAT_OF = {
 # keys ablate.py sets itself: an extra --key=value may not change them
 OWN_KEYS = ("out_dir", "seed", "max_iters", "lr_decay_iters", "init_from", "resume_from",
             "always_save_checkpoint", "log_interval", "eval_iters", "recipe", "sr_bits")
+SEEDS_OWN_KEYS = ("out_dir", "seed", "init_from", "resume_from", "recipe", "sr_bits")
+
+
+def check_extra(extra, own_keys, parser, instead):
+    """Extra arguments are train.py overrides (--key=value) that leave ablate.py's own keys alone:
+    an arm's recipe or a run's seed set there would silently make every arm the same run."""
+    bad = [e for e in extra if not e.startswith("--")]
+    own = [e for e in extra if e[2:].split("=")[0] in own_keys or e[2:].startswith("recipe_")]
+    if bad or own:
+        parser.error(f"unexpected arguments {bad or own}: extra train.py overrides look like "
+                     f"--key=value and may not set {', '.join(own_keys)} or recipe_* (ablate.py "
+                     f"sets those; use {instead})")
 
 
 def expand_arms(spec, parser):
@@ -484,12 +496,7 @@ def make_plan(args, extra, parser):
     """The plan from the command line and the config (through train.py's own config parser),
     checked against what an earlier sitting in the same --out used."""
     import train
-    bad = [e for e in extra if not e.startswith("--")]
-    own = [e for e in extra if e[2:].split("=")[0] in OWN_KEYS or e[2:].startswith("recipe_")]
-    if bad or own:
-        parser.error(f"unexpected arguments {bad or own}: extra train.py overrides look like "
-                     f"--key=value and may not set {', '.join(OWN_KEYS)} or recipe_* (ablate.py "
-                     f"sets those; use --fork_at, --end, --eval_iters, --bases, --arms)")
+    check_extra(extra, OWN_KEYS, parser, "--fork_at, --end, --eval_iters, --bases, --arms")
     try:
         cfg = train.get_config([args.config, *extra])
         for arm in set(args.arms) | set(args.base_recipes):
@@ -1174,9 +1181,7 @@ def find_seed_runs(out):
 def seeds_main(args, extra, parser):
     if "bf16" not in args.arms:
         args.arms = ["bf16"] + args.arms  # the reference of every gap
-    bad = [e for e in extra if not e.startswith("--")]
-    if bad:
-        parser.error(f"unexpected arguments {bad}; train.py overrides look like --key=value")
+    check_extra(extra, SEEDS_OWN_KEYS, parser, "--arms, --seeds, --out")
     seeds = parse_ints(args.seeds, "seeds", parser)
     out = args.out or os.path.join("out", "ablate_" + os.path.splitext(os.path.basename(args.config))[0])
     if args.report_only and not find_seed_runs(out)[0]:
@@ -1194,9 +1199,12 @@ def seeds_main(args, extra, parser):
 # -----------------------------------------------------------------------------
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # no abbreviations: the extra arguments go on to train.py, whose --seed would read as --seeds
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fork", help="the forked design (headline): bases, forks, report")
+    f = sub.add_parser("fork", allow_abbrev=False,
+                       help="the forked design (headline): bases, forks, report")
     f.add_argument("config")
     f.add_argument("--bases", default="0", help="base seeds: 0,1,2 or 0-7")
     f.add_argument("--arms", default="headline", help=f"comma list of arms {sorted(ARMS)} or groups "
@@ -1211,19 +1219,20 @@ def build_parser():
     f.add_argument("--ref", default="bf16", help="the arm every contrast is taken against")
     f.add_argument("--drop_fork_ckpts", action="store_true", help="delete a finished fork's "
                    "checkpoints (its log is all the report needs): saves disk on large sweeps")
-    r = sub.add_parser("report", help="redo the report from every finished run in --out (or in "
-                       "--runs)")
+    r = sub.add_parser("report", allow_abbrev=False,
+                       help="redo the report from every finished run in --out (or in --runs)")
     r.add_argument("--out", required=True, help="the runs, and where the report goes")
     r.add_argument("--runs", default="", help="a .tar.gz of `pack`: the forks to report on (then "
                    "--out is only where the report goes)")
     r.add_argument("--ref", default="bf16")
-    k = sub.add_parser("pack", help="a .tar.gz of --out's logs and done markers (no checkpoints): what "
-                       "a later sitting or the report needs")
+    k = sub.add_parser("pack", allow_abbrev=False, help="a .tar.gz of --out's logs and done markers "
+                       "(no checkpoints): what a later sitting or the report needs")
     k.add_argument("--out", required=True)
     k.add_argument("--to", required=True, help="the .tar.gz to write")
     k.add_argument("--merge", default="", help="an earlier pack whose runs the new one keeps "
                    "(--out's replace those of the same name); may be --to itself")
-    s = sub.add_parser("seeds", help="the seed-per-arm design (every arm from scratch per seed)")
+    s = sub.add_parser("seeds", allow_abbrev=False,
+                       help="the seed-per-arm design (every arm from scratch per seed)")
     s.add_argument("config")
     s.add_argument("--arms", default="paper_gpt",
                    help=f"comma list of {sorted(ARMS)} or a group {sorted(GROUPS)}")

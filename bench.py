@@ -10,7 +10,8 @@ A recipe may carry train.py overrides of its own after '+' (ufp4+recipe_format=m
 in them: --recipes is a comma list).
 
 Each recipe is a real `train.main` run (no second trainer) with the same model, batch and seed:
-`--warmup` steps, then `--iters` timed steps, no eval until the end. Step time is the median of
+`--warmup` steps, then `--iters` timed steps; a one-batch eval before the first step and at the
+end, outside the timed steps. Step time is the median of
 the timed steps' `dt_ms` from log.jsonl; peak memory is torch.cuda.max_memory_allocated over the
 run (each recipe starts from a reset compiler: no CUDA-graph memory left by the one before).
 A recipe that runs after another in the process can run a few % slower than alone
@@ -145,7 +146,9 @@ def run_rounds(args, recipes, extra):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # no abbreviations: extra arguments go on to train.py, whose --recipe would read as --recipes
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config")
     p.add_argument("--recipes", default="bf16,ufp4,e2m1,nvfp4,mxfp4")
     p.add_argument("--warmup", type=int, default=10)

@@ -204,7 +204,11 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
                       (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--end=-5"], "--end=-5: give"),
                       (["fork", "configs/gpt_ablate.py", f"--out={tmp_path}", "--bases=3-1"],
                        "the range 3-1 runs backwards"),
-                      (["seeds", "configs/gpt_ablate.py", "--seeds=a"], "expected numbers")):
+                      (["seeds", "configs/gpt_ablate.py", "--seeds=a"], "expected numbers"),
+                      # an arm's recipe or the seed set through would make every arm one run
+                      (["seeds", "configs/gpt_ablate.py", "--recipe=ufp4"], "ablate.py sets"),
+                      (["seeds", "configs/gpt_ablate.py", "--recipe_sr=none"], "ablate.py sets"),
+                      (["seeds", "configs/gpt_ablate.py", "--seed=7"], "ablate.py sets")):
         with pytest.raises(SystemExit):
             ablate.main(argv)
         assert msg in capsys.readouterr().err

@@ -91,6 +91,7 @@ def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
     config = tmp_path / "tiny.py"
     config.write_text("n_layer = 2\n")
     for args, msg in (([f"--out_dir={victim}"], "--out_dir: set by bench.py itself"),
+                      (["--recipe=ufp4"], "--recipe: set by bench.py itself"),   # not --recipes
                       (["--recipes=fp5"], "unknown recipe 'fp5'"), (["--recipes="], "empty"),
                       (["--iters=0"], "--iters >= 1"), (["--warmup=-1"], "--warmup must be >= 0"),
                       (["--rounds=0"], "--rounds must be >= 1"),
