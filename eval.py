@@ -15,9 +15,9 @@ runs give the quantized forward's cost in quality apart from training. Under a r
 per-tensor scale (nvfp4) the windows of one batch share that scale.
 
 Text is tokenized with the checkpoint's tokenizer; a char model refuses a character outside its
-vocabulary. Bits per byte = the summed loss in bits / the UTF-8 bytes of the predicted tokens
-(those of the text for a file; for a split, decoded from its tokens, without GPT-2's end-of-text
-separators): comparable across tokenizers.
+vocabulary. Bits per byte = the summed loss in bits / the UTF-8 bytes of the predicted tokens, decoded from
+them (GPT-2's end-of-text separator counts 0 bytes, in a split or written out in a text file):
+comparable across tokenizers.
 """
 import math
 import os
@@ -79,11 +79,9 @@ def text_tokens(path, meta, max_tokens=0):
                               f"vocabulary of {len(meta['stoi'])}: evaluate text made of its "
                               f"characters")
     ids = np.asarray(encoder(meta)(text), dtype=np.int64)
-    sizes = token_bytes(meta)
     if max_tokens and len(ids) > max_tokens:
         ids = ids[:max_tokens]
-        return ids, int(sizes[ids[1:]].sum())
-    return ids, len(text.encode("utf-8")) - int(sizes[ids[0]] if len(ids) else 0)
+    return ids, int(token_bytes(meta)[ids[1:]].sum())   # the split's rule: one count, cut or not
 
 
 def token_bytes(meta):

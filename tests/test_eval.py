@@ -115,3 +115,18 @@ def test_a_damaged_split_is_refused_as_train_refuses_it(run, tmp_path, damage, m
         ids.tofile(bad / "val.bin")
     with pytest.raises(train.ConfigError, match=msg):
         eval_script.main(cli(f"out_dir={out}", f"data_dir={tmp_path / 'data'}"))
+
+
+def test_bytes_of_a_text_file_follow_one_rule_whether_cut_or_not(tmp_path):
+    """GPT-2's end-of-text separator counts 0 bytes in a text file as in a split, so cutting a file
+    by one token takes off that token's bytes only."""
+    from data.common import GPT2_EOT, get_gpt2_encoding
+    meta = dict(tokenizer="gpt2", vocab_size=50257, eot_token=GPT2_EOT)
+    path = tmp_path / "two.txt"
+    path.write_text("Hello world.<|endoftext|>Another text here.")
+    ids, n_bytes = eval_script.text_tokens(str(path), meta)
+    assert GPT2_EOT in ids.tolist()
+    first = len(get_gpt2_encoding().decode_single_token_bytes(int(ids[0])))
+    assert n_bytes == len("Hello world.Another text here.") - first
+    cut, cut_bytes = eval_script.text_tokens(str(path), meta, max_tokens=len(ids) - 1)
+    assert n_bytes - cut_bytes == len(get_gpt2_encoding().decode_single_token_bytes(int(ids[-1])))
