@@ -1178,9 +1178,10 @@ def logged(it, c):
 
 
 def log_step(run, loss, grad_norm, lr, dt, step_s, elapsed):
-    """The training record of the iteration just done (run.iter_num - 1), and its line."""
+    """The training record of the iteration just done (run.iter_num - 1), and its line. Its
+    tokens/s and MFU are this step's (dt); only the ETA takes the running average step_s."""
     c = run.c
-    tok_s = run.tokens_per_iter / step_s
+    tok_s = run.tokens_per_iter / dt
     rec = dict(type="train", iter=run.iter_num - 1, loss=loss, lr=lr, grad_norm=grad_norm,
                dt_ms=dt * 1000, tok_per_s=tok_s, elapsed_s=elapsed)
     if run.peak_tflops:   # MFU only against a known peak (none on a CPU)

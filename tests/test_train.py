@@ -241,6 +241,8 @@ def test_loss_goes_down(ds, tmp_path, recipe, moe):
     assert len(losses) == 40 and all(map(math.isfinite, losses))
     assert sum(losses[-5:]) / 5 < sum(losses[:3]) / 3 - 0.8, losses
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.8, evals
+    for r in read_log(str(tmp_path)):   # tokens/s is each step's own, as its dt_ms
+        assert r["tok_per_s"] == pytest.approx(4 * 32 / (r["dt_ms"] / 1000), rel=1e-9), r
     if moe:
         rec = read_log(str(tmp_path))[-1]
         assert "aux_loss" in rec and len(rec["expert_load"]) == 2 and len(rec["expert_load"][0]) == 4
