@@ -164,7 +164,7 @@ def breakdown(cfg, recipe, mode, steps=4, top=25, keep_x=GPT.fp4_keep_x, label=N
     return peaks["whole run"][0], peaks["last step"][0] if "last step" in peaks else None, peak_stat
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config")
     p.add_argument("--recipes", default="bf16,ufp4")
@@ -173,14 +173,20 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--keep_x", default=",".join(GPT.fp4_keep_x), help="fp4.convert's keep_x, comma-separated ('' for none)")
     p.add_argument("--top", type=int, default=25)
-    args = p.parse_args()
-    cfg = train.get_config([args.config])
+    args = p.parse_args(argv)
+    try:   # a bad config or recipe is one line, on any machine
+        cfg = train.get_config([args.config])
+        recipes = {r: train.recipe_from_spec(args.config, r) for r in args.recipes.split(",")}
+    except train.ConfigError as e:
+        sys.exit(f"error: {e}")
+    if not torch.cuda.is_available():
+        sys.exit("error: memory_breakdown.py measures CUDA kernels and needs a CUDA GPU; none is visible")
     print(f"`python {' '.join(sys.argv)}` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
           f"UTC: {cfg['batch_size'] * cfg['block_size']} tokens per micro-step, "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     mode = None if args.compile_mode == "eager" else args.compile_mode
     keep_x = tuple(n for n in args.keep_x.split(",") if n)
-    rows = [(r, *breakdown(cfg, train.recipe_from_spec(args.config, r), mode, args.steps, args.top, keep_x, r))
+    rows = [(r, *breakdown(cfg, recipes[r], mode, args.steps, args.top, keep_x, r))
             for r in args.recipes.split(",")]
     print("\n| recipe | max_memory_allocated GiB | vs first | replayed peak GiB, whole run / last step | "
           "last step vs first |\n|---|---|---|---|---|")

@@ -95,7 +95,7 @@ def profile(cfg, recipe, compile_, steps=3, warmup=4, host=False, mode="default"
     return wall * 1000, per, top
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config")
     p.add_argument("--recipes", default="bf16,ufp4")
@@ -104,13 +104,19 @@ def main():
     p.add_argument("--host", action="store_true", help="also print a cProfile of the host side")
     p.add_argument("--batch_size", type=int, default=0, help="micro-batch (default: the config's)")
     p.add_argument("--json", default="", help="also write every kernel's ms per step, per recipe, here")
-    args = p.parse_args()
-    cfg = train.get_config([args.config])
+    args = p.parse_args(argv)
+    try:   # a bad config or recipe is one line, on any machine
+        cfg = train.get_config([args.config])
+        recipes = {r: train.recipe_from_spec(args.config, r) for r in args.recipes.split(",")}
+    except train.ConfigError as e:
+        sys.exit(f"error: {e}")
+    if not torch.cuda.is_available():
+        sys.exit("error: profile_step.py measures CUDA kernels and needs a CUDA GPU; none is visible")
     if args.batch_size:
         cfg["batch_size"] = args.batch_size
     rows, every = [], {}
     for r in args.recipes.split(","):
-        wall, per, top = profile(cfg, train.recipe_from_spec(args.config, r), args.compile, host=args.host, mode=args.compile_mode)
+        wall, per, top = profile(cfg, recipes[r], args.compile, host=args.host, mode=args.compile_mode)
         rows.append((r, wall, per))
         every[r] = {"wall_ms": wall, "categories": per, "kernels": dict(top)}
         print(f"\n{r}: top kernels, then the next 'other' ones (ms per step)")

@@ -4,7 +4,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from memory_breakdown import replay  # noqa: E402
+from memory_breakdown import main, replay  # noqa: E402
+from test_profile_step import test_bad_input_or_no_gpu_is_one_line as check_command_line  # noqa: E402
+
+
+def test_bad_input_or_no_gpu_is_one_line():
+    check_command_line(main)
 
 
 def frame(line):
