@@ -1810,6 +1810,31 @@ def _grouped_fp8_config(rows_mode, fast):
     return (128, 128, 128, 8, 3, 128) if rows_mode and fast else (128, 128, 128, 4, 3, 128)
 
 
+def _check_groups(av, bv, offs, rows_mode):
+    """fp8_grouped_mm's shapes and group ends (ValueError): the kernels read what the shapes
+    say, so a narrower view or short offs would be read past, silently. The ends' values are
+    checked where they are on the host (the interpreter); on the GPU they stay there unread (no
+    sync: the layer makes them)."""
+    E = bv.shape[0] if rows_mode else offs.shape[0]
+    reduced = (av.shape[1], bv.shape[1]) if rows_mode else (av.shape[1], bv.shape[0])
+    if av.dim() != 2 or bv.dim() != (3 if rows_mode else 2) or reduced[0] != reduced[1]:
+        raise ValueError(f"fp8_grouped_mm: shapes {tuple(av.shape)} and {tuple(bv.shape)} do not "
+                         f"multiply (a [N, K] by b [E, K, M], or a [M, T] by b [T, N])")
+    if offs.dim() != 1 or offs.shape[0] != E or offs.device != av.device:
+        raise ValueError(f"fp8_grouped_mm: offs must be {E} group ends on {av.device}, got "
+                         f"shape {tuple(offs.shape)} on {offs.device}")
+    total = av.shape[0] if rows_mode else av.shape[1]
+    if offs.device.type == "cpu":
+        ends = offs.tolist()
+        last = ends[-1] if ends else 0
+        # row groups cover every row (each output row is one group's); Wgrad's padded tokens
+        # may lie past the last group
+        if ends != sorted(ends) or (ends and ends[0] < 0) or last > total or \
+                (rows_mode and last != total) or (not rows_mode and any(e % 16 for e in ends)):
+            raise ValueError(f"fp8_grouped_mm: group ends {ends} must rise from 0 "
+                             + (f"to {total}" if rows_mode else f"to at most {total} in multiples of 16"))
+
+
 def fp8_grouped_mm(a, b, offs, out_dtype, fast=False, _cfg=None):
     """fp4.fp8_grouped_mm: per-group products of FP8 operands (values, fp32 scale). a [N, K]
     (K contiguous) with row groups ending at offs, b [E, K, M] (each group's K contiguous) ->
@@ -1820,6 +1845,7 @@ def fp8_grouped_mm(a, b, offs, out_dtype, fast=False, _cfg=None):
     device: no host sync, a fixed grid (CUDA graphs)."""
     (av, sa), (bv, sb) = a, b
     rows_mode = bv.dim() == 3
+    _check_groups(av, bv, offs, rows_mode)
     BM, BN, BK, nw, ns, promote = _cfg or _grouped_fp8_config(rows_mode, fast)
     kdtype = torch.float32 if INTERPRET else out_dtype
     offs = offs.to(torch.int32)

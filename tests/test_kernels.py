@@ -1184,6 +1184,20 @@ def test_fp8_grouped_mm_matches_reference():
         kernels.fp8_grouped_mm(a, (b[0].contiguous(), sb), row_offs, torch.bfloat16)
     with pytest.raises(ValueError, match="T contiguous"):
         kernels.fp8_grouped_mm(at, (bt[0].contiguous(), sb), offs, torch.float32)
+    # a narrower view, or group ends that stop short, run past or are too few, are refused
+    # (the kernels would read past them: a full-size product or unwritten rows, no error)
+    wide = (_fp8_grid_values((T, 128), fp4.E5M2, 5), sa)
+    for args, msg in (((( wide[0][:, :32], sa), b, row_offs), "do not multiply"),
+                      ((at, (bt[0][:T - 16], sb), offs), "do not multiply"),
+                      ((a, b, row_offs - 8), r"must rise from 0 to 112"),
+                      ((a, b, row_offs[:4]), "must be 5 group ends"),
+                      ((a, b, row_offs.clone().index_fill_(0, torch.tensor([4]), 4096)), "must rise"),
+                      ((at, bt, offs + 16), "to at most 112 in multiples of 16"),
+                      ((at, bt, offs.flip(0)), "must rise"),
+                      ((at, bt, offs - 1), "in multiples of 16"),
+                      ((a, (b[0][:0], sb), torch.zeros(0, dtype=torch.int32)), "must rise from 0 to 112")):
+        with pytest.raises(ValueError, match=msg):
+            kernels.fp8_grouped_mm(*args, torch.float32)
 
 
 def _grouped_grads(recipe, counts, aligned):
