@@ -597,7 +597,8 @@ def fp8_inexact_blocks(values, scale, fake, fmt, dim=-1):
     """(blocks where values * scale differs from fake_quant's `fake`, blocks): the blocks that fell
     out of the FP8 window (or hold NaN): a device count (no host sync) and the int total."""
     diff = (values.float() * scale != fake.float()).movedim(dim, -1)
-    bad = diff.reshape(*diff.shape[:-1], -1, get_format(fmt).block).any(-1)
+    block = get_format(fmt).block   # (the block count, not -1: an empty tensor has any)
+    bad = diff.reshape(*diff.shape[:-1], diff.shape[-1] // block, block).any(-1)
     return bad.sum(), bad.numel()
 
 # -----------------------------------------------------------------------------

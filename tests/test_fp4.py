@@ -1171,6 +1171,10 @@ def test_fp8_from_packed_edges():
         assert fp4.fp8_inexact_blocks(v, s, fp4.dequantize(q, torch.float32), "mxint4")[0].item() == expect
     v, s = fp4.fp8_from_packed(fp4.quantize(torch.zeros(32, 64), "mxfp4", dim=0))
     assert s.item() == 1.0 and not v.float().any()
+    empty = torch.zeros(0, 64)   # no blocks, none inexact (telemetry of an empty expert's call)
+    v, s = fp4.to_fp8(empty, "mxint4")
+    bad, n = fp4.fp8_inexact_blocks(v, s, fp4.fake_quant(empty, "mxint4"), "mxint4")
+    assert (bad.item(), n) == (0, 0)
     x[2, 3] = float("nan")
     assert fp4.fp8_from_packed(fp4.quantize(x, "mxint4"))[1].isnan()
     with pytest.raises(ValueError, match="power-of-two"):
