@@ -235,6 +235,19 @@ def recipe_from_spec(config, spec):
     return make_recipe_from(get_config([config, recipe, *own]))
 
 
+def gpu_script_setup(config, specs, script):
+    """A GPU measuring script's config and {spec: recipe} for a comma list of recipe specs; a
+    bad config or recipe, or no CUDA GPU, ends it with one line."""
+    try:
+        cfg = get_config([config])
+        recipes = {r: recipe_from_spec(config, r) for r in specs.split(",")}
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    if not torch.cuda.is_available():
+        sys.exit(f"error: {script} measures CUDA kernels and needs a CUDA GPU; none is visible")
+    return cfg, recipes
+
+
 def check_config(cfg):
     """Every value in its range, the device present, the combinations possible: before
     anything starts, one line for the first problem found."""

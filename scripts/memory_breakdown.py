@@ -174,13 +174,7 @@ def main(argv=None):
     p.add_argument("--keep_x", default=",".join(GPT.fp4_keep_x), help="fp4.convert's keep_x, comma-separated ('' for none)")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
-    try:   # a bad config or recipe is one line, on any machine
-        cfg = train.get_config([args.config])
-        recipes = {r: train.recipe_from_spec(args.config, r) for r in args.recipes.split(",")}
-    except train.ConfigError as e:
-        sys.exit(f"error: {e}")
-    if not torch.cuda.is_available():
-        sys.exit("error: memory_breakdown.py measures CUDA kernels and needs a CUDA GPU; none is visible")
+    cfg, recipes = train.gpu_script_setup(args.config, args.recipes, "memory_breakdown.py")
     print(f"`python {' '.join(sys.argv)}` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
           f"UTC: {cfg['batch_size'] * cfg['block_size']} tokens per micro-step, "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")

@@ -105,13 +105,7 @@ def main(argv=None):
     p.add_argument("--batch_size", type=int, default=0, help="micro-batch (default: the config's)")
     p.add_argument("--json", default="", help="also write every kernel's ms per step, per recipe, here")
     args = p.parse_args(argv)
-    try:   # a bad config or recipe is one line, on any machine
-        cfg = train.get_config([args.config])
-        recipes = {r: train.recipe_from_spec(args.config, r) for r in args.recipes.split(",")}
-    except train.ConfigError as e:
-        sys.exit(f"error: {e}")
-    if not torch.cuda.is_available():
-        sys.exit("error: profile_step.py measures CUDA kernels and needs a CUDA GPU; none is visible")
+    cfg, recipes = train.gpu_script_setup(args.config, args.recipes, "profile_step.py")
     if args.batch_size:
         cfg["batch_size"] = args.batch_size
     rows, every = [], {}
