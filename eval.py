@@ -15,9 +15,9 @@ runs give the quantized forward's cost in quality apart from training. Under a r
 per-tensor scale (nvfp4) the windows of one batch share that scale.
 
 Text is tokenized with the checkpoint's tokenizer; a char model refuses a character outside its
-vocabulary. Bits per byte = the summed loss in bits / the UTF-8 bytes of the predicted tokens, decoded from
-them (GPT-2's end-of-text separator counts 0 bytes, in a split or written out in a text file):
-comparable across tokenizers.
+vocabulary. Bits per byte = the summed loss in bits / the UTF-8 bytes of the predicted tokens,
+decoded from them (GPT-2's end-of-text separator counts 0 bytes, in a split or written out in a
+text file): comparable across tokenizers.
 """
 import math
 import os
