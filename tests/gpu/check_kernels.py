@@ -169,6 +169,20 @@ def nonfinite():
         check_quant(y, fmt_of(name), 0, 16)
 
 
+def tiny_tensors():
+    """NVFP4's tensor scale for tiny tensors: past 2^64 (amax ~1e-18), where the kernels divide
+    by a power of two of it, and capped at fp32's largest value (amax below ~8e-36, fp32
+    subnormals included), where the zeros must stay zero; the GPU's own subnormal handling."""
+    for scale in (1e-18, 1e-37, 1e-42):
+        x = randn(4096, 2048, seed=36, dtype=torch.float32) * (scale / 1024)
+        x[0, :5] = 0
+        for dtype in (torch.float32, torch.bfloat16):
+            for dim, rht in ((1, None), (1, 16), (0, 16)):
+                check_quant(x.to(dtype), fmt_of("nvfp4"), dim, rht)
+        out = kernels.fake_quant(x, "nvfp4", dtype=torch.float32)
+        assert out.isfinite().all() and out[0, :5].eq(0).all(), f"amax {scale:g}: NaN, Inf or lost zeros"
+
+
 def large_rht():
     y = randn(4096, 4096, seed=4)
     for n in (32, 64, 128):
@@ -568,6 +582,7 @@ def run_all(sz):
     ieee_reference_scales()
     per_format(sz)
     check("NaN/Inf blocks (ufp4, nvfp4, mxfp4)", nonfinite)
+    check("tiny tensors: NVFP4's tensor scale past 2^64 and capped (amax 1e-18, 1e-37, 1e-42)", tiny_tensors)
     check("RHT 32/64/128 (ufp4 row, nvfp4 col)", large_rht)
     check("nvfp4 2D 16x16 weight tiles", weights_2d)
     check("nvfp4 2D tiles on stacked experts [8, 1024, 2048]", experts_2d)
