@@ -90,7 +90,7 @@ wandb_run_name = ""          # wandb run name ("" = wandb's own)
 dataset = "shakespeare_char"  # prepared into data_dir/<dataset> on first use (data.DATASETS)
 data_dir = "data"            # the folder that holds the prepared datasets
 dataset_input = ""           # or: build data_dir/<dataset> from these text files (comma-separated)
-dataset_tokenizer = "char"   # ... with this tokenizer: "char" or "gpt2"
+dataset_tokenizer = ""       # ... with this tokenizer: "char" ("" too) or "gpt2"
 batch_size = 12              # sequences per micro-step and per process
 block_size = 256             # context length in tokens
 gradient_accumulation_steps = 1  # micro-steps per iteration, global: divided among DDP processes
@@ -172,7 +172,7 @@ CHOICES = dict(wandb_mode=("", "offline", "online", "disabled"),
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
                router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"), sr_bits=(8, 16),
                lr_schedule=("cosine", "wsd", "constant"), dtype=("auto", "bfloat16", "float32"),
-               nonfinite_policy=("skip", "stop"), dataset_tokenizer=("char", "gpt2"),
+               nonfinite_policy=("skip", "stop"), dataset_tokenizer=("", "char", "gpt2"),
                compile_mode=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
 # dense bf16 peak TFLOPS of one GPU (vendor datasheets, without sparsity), by name: for MFU
@@ -325,9 +325,11 @@ def configure(argv):
     stored = ckpt["config"]
     # a fork into another recipe leaves the old recipe's ablation keys behind
     other_recipe = "recipe" in given and cfg["recipe"] != stored.get("recipe")
+    # (the tokenizer matters only to a build from --dataset_input; without one it is checked)
     taken = {k: stored[k] for k in FROM_CHECKPOINT
              if k not in given and k in stored and stored[k] != cfg[k]
-             and not (other_recipe and k in RECIPE_KEYS)}
+             and not (other_recipe and k in RECIPE_KEYS)
+             and (k != "dataset_tokenizer" or cfg["dataset_input"])}
     cfg.update(taken)
     if taken and int(os.environ.get("RANK", 0)) == 0:
         print(f"from {src}: " + ", ".join(f"{k}={v!r}" for k, v in taken.items()), flush=True)
@@ -586,7 +588,7 @@ def setup_data(run):
             t = time.time()
             try:
                 if inputs:
-                    data.prepare.prepare(inputs, run.data_path, c.dataset_tokenizer)
+                    data.prepare.prepare(inputs, run.data_path, c.dataset_tokenizer or "char")
                 else:
                     data.prepare_dataset(c.dataset, data_dir=c.data_dir, force=True)
             except (RuntimeError, ValueError, OSError) as e:   # each names the dataset or file
@@ -598,6 +600,12 @@ def setup_data(run):
         run.meta = data.load_meta(run.data_path)
     except (ValueError, OSError) as e:
         raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
+    have = run.meta.get("tokenizer")
+    if c.dataset_tokenizer and not inputs and have != c.dataset_tokenizer:
+        raise ConfigError(f"--dataset_tokenizer={c.dataset_tokenizer} is read only with "
+                          f"--dataset_input, and dataset {c.dataset!r} in {run.data_path} is "
+                          f"tokenized with {have}: drop it, or rebuild the dataset from text "
+                          f"files with --dataset_input=FILE[,FILE...]")
     run.train_loader = make_loader(run, "train", c.seed)
     make_loader(run, "val", c.seed)  # fail now, not at the first eval, if val.bin is too short
 
@@ -634,7 +642,7 @@ def dataset_needs_build(c, path):
     if not inputs:
         return ""
     have = [i.get("sha256") for i in meta.get("inputs", [])], meta.get("tokenizer")
-    want = digests, c.dataset_tokenizer
+    want = digests, c.dataset_tokenizer or "char"
     if have != want:
         return (f"it was built from other files or another tokenizer ({meta.get('tokenizer')}) "
                 f"than --dataset_input/--dataset_tokenizer give now: rebuilding")

@@ -23,6 +23,7 @@ from train_helpers import (MOE, ROOT, GlobalBatchLoader, keep_global_rng,  # noq
                            make_char_dataset, read_log, tiny_args)
 
 import fp4  # noqa: E402  (train_helpers puts the repo root on sys.path)
+import checkpoint  # noqa: E402
 import train  # noqa: E402
 
 PY = sys.executable
@@ -91,7 +92,7 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--max_iters", "expected --key=value"),
     ("--compile_mode=fast", "'compile_mode' .* must be one of"),
     ("--sr_bits=12", "'sr_bits' .* must be one of \\(8, 16\\)"),
-    ("--dataset_tokenizer=bpe", "'dataset_tokenizer' .* must be one of \\('char', 'gpt2'\\)"),
+    ("--dataset_tokenizer=bpe", "'dataset_tokenizer' .* must be one of \\('', 'char', 'gpt2'\\)"),
     ("--init_from=pretrained", "init_from='pretrained': use 'scratch', 'resume' or 'hf:DIR'"),
     ("--init_from=hf:", "init_from='hf:': use"),
     ("--init_from=hf:no/such/dir", "no/such/dir holds no config.json"),
@@ -1212,6 +1213,24 @@ def test_changed_tokenizer_rebuilds_the_dataset(tmp_path):
     assert train.dataset_needs_build(c, folder) == ""
     c.dataset_tokenizer = "gpt2"
     assert "another tokenizer (char)" in train.dataset_needs_build(c, folder)
+
+def test_a_tokenizer_without_input_files_is_an_error(ds, tmp_path):
+    """--dataset_tokenizer is read only when building from --dataset_input: given alone with a
+    tokenizer the dataset does not have, it is an error, not ignored; the dataset's own passes."""
+    with pytest.raises(train.ConfigError, match=r"--dataset_tokenizer=gpt2 is read only with "
+                       r"--dataset_input, and dataset .* is tokenized with char: drop it"):
+        run(ds, tmp_path / "o", dry_run=True, dataset_tokenizer="gpt2")
+    run(ds, tmp_path / "o", dry_run=True, dataset_tokenizer="char")
+
+def test_resume_does_not_take_a_tokenizer_without_input_files(ds, tmp_path):
+    """A checkpoint's dataset_tokenizer (older runs stored "char", the default then, for gpt2
+    datasets too) is taken on resume only with --dataset_input, the one build it can steer."""
+    run(ds, tmp_path / "o", max_iters=2, lr_decay_iters=4, eval_interval=2)
+    path = tmp_path / "o" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["config"]["dataset_tokenizer"] = "gpt2"
+    checkpoint.save_checkpoint({k: v for k, v in ckpt.items() if k != "checksum"}, str(path))
+    run(ds, tmp_path / "o", max_iters=3, lr_decay_iters=4, eval_interval=2, init_from="resume")
 
 def test_empty_input_file_is_an_error_and_leaves_no_dataset(tmp_path):
     text = tmp_path / "input.txt"
