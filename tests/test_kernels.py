@@ -474,14 +474,14 @@ def test_sr_unbiased(name):
         lo = fp4.fake_quant(ref, fmt, dtype=torch.float32)  # scales known: RTNE grid of the same blocks
         # every draw is one of the two grid neighbours; the mean converges to x
         mean, sd = y.double().mean(0), y.double().std(0)
-        scale = element_scales(fp4.quantize(ref, fmt))[0]
+        scale, _, below, above = (v[0] for v in grid_neighbours(ref, fmt))
         lv = fp4.GRIDS[fmt.grid].levels
-        step = scale * max(b - a for a, b in zip(lv, lv[1:]))   # the widest gap of the grid
         # unbiased w.r.t. x clamped to the block's range (an e4m3 scale rounded down saturates)
         qmax = fp4.GRIDS[fmt.grid].qmax
         target = torch.maximum(torch.minimum(ref[0].double(), qmax * scale), -qmax * scale)
         err = (mean - target).abs()
-        bound = 5 * step / 2 / math.sqrt(n) + 1e-7 * ref.abs().max()
+        # 5 standard errors of a draw between x's two neighbours (its sd is at most half their gap)
+        bound = 5 * (above - below) * scale / 2 / math.sqrt(n) + 1e-7 * ref.abs().max()
         assert (err <= bound).all(), f"{name} dim={dim}: max err/bound {(err / bound).max():.2f}"
         assert (y.unique(dim=0).shape[0] > 1)
         # every draw is a grid value of its block
