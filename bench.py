@@ -51,6 +51,14 @@ def train_args(config, spec, warmup, iters, out_dir, extra):
             "--overwrite=True"] + list(extra) + own  # (replaces the last run)
 
 
+def changed_own_keys(config, spec, warmup, iters, out_dir, extra):
+    """The OWN_KEYS that a recipe spec's overrides or the extra arguments (a second config file
+    included) set to other values than bench.py's own."""
+    mine = train.get_config(train_args(config, spec.split("+")[0], warmup, iters, out_dir, []))
+    cfg = train.get_config(train_args(config, spec, warmup, iters, out_dir, extra))
+    return [k for k in OWN_KEYS if cfg[k] != mine[k]], cfg
+
+
 def check_args(args, extra):
     """Every problem with the command before the first recipe runs: one line (ValueError)."""
     if args.warmup < 0 or args.iters < 1:
@@ -77,10 +85,13 @@ def check_args(args, extra):
                          f"folder is --out, the recipes --recipes, the length --warmup/--iters)")
     for spec in specs:
         try:
-            cfg = train.get_config(train_args(args.config, spec, args.warmup, args.iters, args.out,
-                                              extra))
+            changed, cfg = changed_own_keys(args.config, spec, args.warmup, args.iters, args.out, extra)
         except train.ConfigError as e:
             raise ValueError(f"recipe {spec!r}: {e}") from None
+        if changed:   # through the spec, or a config file among the extra arguments
+            raise ValueError(f"recipe {spec!r} with {' '.join(extra) or 'no extra arguments'}: "
+                             f"{', '.join(changed)} set by bench.py itself would change (the run's "
+                             f"folder is --out, the length --warmup/--iters): drop them")
     try:   # an unknown dataset, or missing input files: before any recipe has run
         train.dataset_needs_build(types.SimpleNamespace(**cfg),
                                   os.path.join(cfg["data_dir"], cfg["dataset"]))

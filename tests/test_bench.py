@@ -90,6 +90,8 @@ def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
     (tmp_path / "runs" / "ufp4" / "ckpt.pt").write_bytes(b"a run")
     config = tmp_path / "tiny.py"
     config.write_text("n_layer = 2\n")
+    second = tmp_path / "tiny2.py"   # a second config file that names its own run folder
+    second.write_text(f"n_embd = 48\nout_dir = {str(victim)!r}\n")
     for args, msg in (([f"--out_dir={victim}"], "--out_dir: set by bench.py itself"),
                       (["--recipe=ufp4"], "--recipe: set by bench.py itself"),   # not --recipes
                       (["--recipes=fp5"], "unknown recipe 'fp5'"), (["--recipes="], "empty"),
@@ -101,7 +103,11 @@ def test_bad_arguments_stop_before_any_run(tmp_path, capsys):
                        r"recipe 'mxfp4': the model does not fit recipe 'mxfp4'.*multiples of 32"),
                       ([f"--data_dir={tmp_path}", "--dataset=nope"], "unknown dataset 'nope'"),
                       ([f"--out={tmp_path / 'runs'}", "--recipes=bf16,ufp4"],
-                       r"runs/ufp4 holds another run's ckpt.pt, which bench.py would delete")):
+                       r"runs/ufp4 holds another run's ckpt.pt, which bench.py would delete"),
+                      ([f"--recipes=bf16+out_dir={victim}"],
+                       r"recipe 'bf16\+out_dir=.*: out_dir set by bench.py itself would change"),
+                      (["--recipes=ufp4+max_iters=5+recipe=bf16"], "recipe, max_iters set by bench"),
+                      ([str(second)], r"tiny2.py: out_dir set by bench.py itself would change")):
         with pytest.raises(SystemExit, match=msg):
             bench.main([str(config), f"--out={tmp_path / 'bench'}"] + args)
     assert (victim / "ckpt.pt").read_bytes() == b"a run" and not (tmp_path / "bench").exists()
