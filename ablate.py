@@ -170,6 +170,16 @@ def arm_args(arm):
     return [f"--{k}={v}" for k, v in ARMS[arm].items()]
 
 
+def fork_args(arm):
+    """An arm's keys for a fork, which resumes its base's checkpoint: every recipe key and
+    sr_bits given, the ones the arm leaves out at their defaults, so that none is taken from a
+    base of the same recipe name (mxint4 is recipe ufp4 with recipe_format=mxint4)."""
+    import train   # (here, as in make_plan: the report needs no torch)
+    own = ARMS[arm]
+    rest = {k: train.DEFAULTS[k] for k in (*train.RECIPE_KEYS, "sr_bits") if k not in own}
+    return arm_args(arm) + [f"--{k}={v}" for k, v in rest.items()]
+
+
 def parse_ints(spec, what, parser):
     """'0,1,2' or '0-7' (or a mix) -> sorted ints."""
     out = set()
@@ -401,7 +411,7 @@ def fork_job(plan, recipe, seed, p, arm):
     def argv():
         a = [plan.config, f"--out_dir={d}", f"--seed={seed}", f"--max_iters={plan.end}",
              f"--lr_decay_iters={plan.schedule}", "--always_save_checkpoint=True", "--log_interval=1",
-             f"--eval_iters={plan.eval_iters}", *arm_args(arm), *plan.extra, "--init_from=resume"]
+             f"--eval_iters={plan.eval_iters}", *fork_args(arm), *plan.extra, "--init_from=resume"]
         return a if os.path.exists(os.path.join(d, "ckpt.pt")) else a + [f"--resume_from={snap}"]
 
     def finish():

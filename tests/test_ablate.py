@@ -476,6 +476,21 @@ def test_the_committed_fork_tables_are_what_the_committed_runs_give(tmp_path, na
             == open(os.path.join(committed, "summary.md")).read().splitlines()[1:])
 
 
+def test_a_fork_takes_no_recipe_key_from_a_base_of_the_same_recipe_name(tmp_path):
+    """mxint4 is recipe ufp4 with recipe_format=mxint4: its base forked into the ufp4 arm (or a
+    ufp4_sr16 base into ufp4) must train ufp4 itself, not the base's format or SR bits."""
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    cfg = write_config(tmp_path, ds, max_iters=4)
+    plan = ablate.Plan(cfg, [], str(tmp_path / "fork"), end=4, schedule=4, eval_iters=2)
+    for base, arm in (("mxint4", "ufp4"), ("ufp4_sr16", "ufp4"), ("e2m1_rht_all", "e2m1")):
+        snap = plan.snapshot(base, 0, 2)
+        train.main([cfg, f"--out_dir={os.path.dirname(snap)}", "--max_iters=2", "--eval_interval=2",
+                    *ablate.arm_args(base)])
+        got, _ = train.configure(ablate.fork_job(plan, base, 0, 2, arm).argv())   # as resumed
+        want = train.get_config([cfg, *ablate.arm_args(arm)])
+        keys = (*train.RECIPE_KEYS, "recipe", "sr_bits")
+        assert {k: got[k] for k in keys} == {k: want[k] for k in keys}, (base, arm)
+
 def test_report_refuses_an_unknown_ref_before_replacing_the_summary(tmp_path, capsys):
     out = str(tmp_path / "fork")
     fake_sitting(out, {0: {"e2m1": 0.02, "ufp4": 0.015}})
