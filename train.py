@@ -1049,7 +1049,7 @@ def forward_backward(run):
             torch.compiler.cudagraph_mark_step_begin()
         with run.ctx:
             _, loss = run.model(x, y)
-        if c.debug_nan_at_iter <= run.iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
+        if 0 <= c.debug_nan_at_iter <= run.iter_num < c.debug_nan_at_iter + c.debug_nan_iters:
             loss = loss * float("nan")
         loss_sum += loss.detach()
         if logged(run.iter_num, c):   # (a few small kernels a micro-step: only when logged)

@@ -745,6 +745,8 @@ def test_nonfinite_skip(ds, tmp_path):
     run(ds, tmp_path, max_iters=10, debug_nan_at_iter=4, debug_nan_iters=2, max_nonfinite=3)
     bad = read_log(str(tmp_path), "nonfinite")
     assert [r["iter"] for r in bad] == [4, 5]
+    run(ds, tmp_path / "off", max_iters=2, debug_nan_iters=3)   # the hook is off at -1
+    assert not read_log(str(tmp_path / "off"), "nonfinite")
     ck = torch.load(tmp_path / "ckpt.pt", weights_only=False)
     assert ck["iter_num"] == 10 and ck["n_nonfinite"] == 2
     assert all(torch.isfinite(v).all() for v in ck["model"].values())
