@@ -677,8 +677,14 @@ def run_command(args, p):
     elif args.cmd == "mechanism_summary":
         mechanism_summary(args.out)
     else:
-        if args.draws < 2 or args.batches < 1:
-            p.error("--draws must be at least 2 (the draw variance needs two) and --batches at least 1")
+        if args.draws < 2 or args.batches < 2:
+            p.error("--draws and --batches must be at least 2 (the draw variance and the SE over "
+                    "batches need two each)")
+        labels = [ckpt_label(c) for c in args.ckpt]
+        same = sorted({(l, c) for l, c in zip(labels, args.ckpt) if labels.count(l) > 1})
+        if same:   # one's files would replace the other's
+            p.error(f"checkpoints {', '.join(c for _, c in same)} get the same name "
+                    f"{same[0][0]!r} (their last two folders): analyze them into separate --out folders")
         fp4.set_backend(args.backend)
         for ckpt in args.ckpt:
             mechanism(ckpt, os.path.join(args.out, ckpt_label(ckpt)), args.batches, args.draws, args.device)

@@ -127,6 +127,18 @@ def test_a_missing_or_damaged_checkpoint_is_one_line(tmp_path):
             analyze.main([cmd, "--ckpt", str(path), "--out", str(tmp_path / "out"), "--device", "cpu"])
 
 
+def test_mechanism_refuses_one_batch_and_checkpoints_of_one_name(tmp_path, capsys):
+    """One batch has no SE (every layer would count as beyond 2 SE); two checkpoints whose last
+    two folders match would write one file."""
+    a, b = (str(tmp_path / x / "bases" / "bf16_s0_at10" / "ckpt.pt") for x in ("gpt", "moe"))
+    for args, msg in ((["--ckpt", a, "--batches=1"], "--batches must be at least 2"),
+                      (["--ckpt", a, "--ckpt", b], "get the same name 'bases_bf16_s0_at10'")):
+        with pytest.raises(SystemExit):
+            analyze.main(["mechanism", *args, "--out", str(tmp_path / "out"), "--device", "cpu"])
+        assert msg in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_layer_means_and_rht_shifts_take_their_se_over_batches():
     """Every layer sees the same batches: a batch effect shared by all layers stays in the SE of a
     mean over layers (the per-layer SEs as if independent would be sqrt(4) = 2x too small here),
