@@ -914,6 +914,10 @@ def fork_report(out, ref, dest=None, header=None):
     `dest` (default `out`); `header`, a line put first in summary.md."""
     dest = dest or out
     groups = collect_forks(out)
+    ran = sorted({arm for runs in groups.values() for arm in runs})
+    if groups and ref not in ran:   # every table would be empty
+        sys.exit(f"error: --ref={ref} has no finished forks in {out}; the arms that ran: "
+                 f"{', '.join(ran)}")
     summary = dict(ref=ref, groups=[dict(base_recipe=k[0], fork_at=k[1], end=k[2], eval_iters=k[3],
                                          **group_summary(runs, ref)) for k, runs in sorted(groups.items())],
                    crossover=crossover(groups))

@@ -500,6 +500,10 @@ def test_report_refuses_an_unknown_ref_before_replacing_the_summary(tmp_path, ca
         ablate.main(["report", f"--out={out}", "--ref=foo"])
     assert "--ref='foo' is not an arm" in capsys.readouterr().err
     assert open(os.path.join(out, "summary.md")).read() == before
+    with pytest.raises(SystemExit, match="--ref=nvfp4 has no finished forks in .*; the arms that "
+                                         "ran: bf16, e2m1, ufp4"):   # an arm, but not one of these
+        ablate.main(["report", f"--out={out}", "--ref=nvfp4"])
+    assert open(os.path.join(out, "summary.md")).read() == before
 
 
 def test_one_seed_has_no_spread():
