@@ -238,6 +238,10 @@ def draw_depth(result, path):
 
 def analyze_checkpoint(ckpt_path, out_prefix, device="cpu"):
     model, loader, _ = load_model(ckpt_path, device)
+    if model.config.n_expert:   # the hooks take nn.Linear and FP4Linear: the experts are neither
+        sys.exit(f"error: {ckpt_path} is a MoE ({model.config.n_expert} experts); `tensors` covers "
+                 f"dense linears only and would leave its experts out: use `analyze.py mechanism`, "
+                 f"which measures them")
     os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
     print(tensor_table(model, loader, out_prefix))
     model.zero_grad(set_to_none=True)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from train_helpers import ROOT, keep_global_rng, make_char_dataset, tiny_args  # noqa: F401 (autouse)
+from train_helpers import MOE, ROOT, keep_global_rng, make_char_dataset, tiny_args  # noqa: F401 (autouse)
 
 import analyze  # noqa: E402
 import fp4  # noqa: E402
@@ -41,6 +41,10 @@ def test_tensor_and_depth_analysis_of_a_checkpoint(tmp_path):
     assert all(e < u for e, u in zip(depth["e2m1"]["gemm_attenuation"], depth["ufp4"]["gemm_attenuation"]))
     assert "alpha_chain" not in depth["e2m1"]
     assert fp4.RECIPES["ufp4"].quantized
+    moe = str(tmp_path / "moe")   # its experts are GroupedLinear, which the hooks do not take
+    train.main(tiny_args(ds, moe, max_iters=1, eval_interval=1, n_embd=32, block_size=32, **MOE))
+    with pytest.raises(SystemExit, match="is a MoE .*: use `analyze.py mechanism`"):
+        analyze.analyze_checkpoint(os.path.join(moe, "ckpt.pt"), str(tmp_path / "an" / "moe"))
 
 
 def test_mechanism_of_a_checkpoint(tmp_path):
