@@ -32,6 +32,7 @@ import torch
 
 import fp4
 from checkpoint import CheckpointError
+from configurator import ConfigError, check_device
 
 
 def draw_grids(path):
@@ -127,7 +128,11 @@ def load_model(ckpt_path, device="cpu"):
     cfg = ckpt["config"]
     path = os.path.join(cfg.get("data_dir", "data"), cfg["dataset"])
     if not os.path.exists(os.path.join(path, "val.bin")):  # a named dataset not prepared here yet
-        path = data.prepare_dataset(cfg["dataset"], cfg.get("data_dir", "data"))
+        try:
+            path = data.prepare_dataset(cfg["dataset"], cfg.get("data_dir", "data"))
+        except ValueError as e:   # not a named one: it was built where the run was trained
+            raise ConfigError(f"the checkpoint's dataset {cfg['dataset']!r} is not at {path} ({e}): "
+                              f"run analyze.py from the folder the run was trained in") from None
     loader = BinLoader(path, "val", model.config.block_size, cfg["batch_size"], seed=0, device=device)
     return model, loader, dict(iter=ckpt["iter_num"], recipe=ckpt["recipe"])
 
@@ -668,8 +673,10 @@ def main(argv):
     ms.add_argument("--out", default="results/mechanism", help="the folder `mechanism` wrote to")
     args = p.parse_args(argv)
     try:
+        if args.cmd in ("tensors", "mechanism"):
+            check_device(args.device)   # (else a good checkpoint would be reported unreadable)
         run_command(args, p)
-    except CheckpointError as e:  # a missing or damaged --ckpt: its message says which and why
+    except (CheckpointError, ConfigError) as e:  # each says which file or device, and why
         sys.exit(f"error: {e}")
 
 

@@ -143,6 +143,23 @@ def test_mechanism_refuses_one_batch_and_checkpoints_of_one_name(tmp_path, capsy
     assert not (tmp_path / "out").exists()
 
 
+def test_a_device_or_dataset_not_here_is_one_line(tmp_path):
+    """A good checkpoint with --device=cuda on a machine without one, or whose dataset is gone:
+    one line that says so, not 'corrupt' or a traceback."""
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    out = str(tmp_path / "run")
+    train.main(tiny_args(ds, out, max_iters=1, eval_interval=1, n_embd=32, block_size=32))
+    ckpt = ["--ckpt", os.path.join(out, "ckpt.pt"), "--out", str(tmp_path / "an")]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="error: device='cuda', but this machine has no CUDA GPU"):
+            analyze.main(["tensors", *ckpt, "--device", "cuda"])
+    shutil.rmtree(ds)
+    for cmd in ("tensors", "mechanism"):
+        with pytest.raises(SystemExit, match="error: the checkpoint's dataset 'tiny' is not at .*tiny "
+                                             ".*: run analyze.py from the folder the run was trained in"):
+            analyze.main([cmd, *ckpt, "--device", "cpu"])
+
+
 def test_layer_means_and_rht_shifts_take_their_se_over_batches():
     """Every layer sees the same batches: a batch effect shared by all layers stays in the SE of a
     mean over layers (the per-layer SEs as if independent would be sqrt(4) = 2x too small here),
