@@ -217,13 +217,17 @@ def test_codes_are_sign_magnitude_grid_indices():
 
 def test_zero_blocks_give_zeros_with_zero_scale():
     x = torch.randn(4, 64)
-    x[1, 16:32] = 0
-    for name in fp4.FORMATS:
+    x[1, 32:] = 0   # the second block of a 32-block, the third and fourth of a 16-block
+    for name, fmt in fp4.FORMATS.items():
         q = fp4.quantize(x, name)
         y = fp4.dequantize(q)
         assert torch.isfinite(y).all()
-        assert (y[1, 16:32] == 0).all()
-        assert (fp4.dequantize(fp4.quantize(torch.zeros(2, 64), name)) == 0).all()
+        assert (y[1, 32:] == 0).all()
+        zero_blocks = q.scales[1, 32 // fmt.block:]
+        assert (zero_blocks == 0).all() and (q.scales[0] > 0).all(), name
+        z = fp4.quantize(torch.zeros(2, 64), name)
+        assert (fp4.dequantize(z) == 0).all() and (z.scales == 0).all(), name
+        assert z.tensor_scale is None or z.tensor_scale == 1, name   # not 448 / 0
 
 
 @pytest.mark.parametrize("name", list(fp4.FORMATS))
@@ -652,7 +656,9 @@ def recipe_of(name):
 
 
 @pytest.mark.parametrize("name", ["ufp4", "e2m1", "nvfp4", "mxfp4", "mxfp4+fp8"])
-def test_fp4_linear_is_the_three_quantized_gemms(name):
+def test_fp4_linear_is_the_three_quantized_gemms(name, monkeypatch):
+    calls, real = [], fp4._fp8_mm
+    monkeypatch.setattr(fp4, "_fp8_mm", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(1)
     r = recipe_of(name)
     x = torch.randn(64, 96, requires_grad=True)
@@ -663,6 +669,7 @@ def test_fp4_linear_is_the_three_quantized_gemms(name):
     y.backward(dy)
     ry, rdx, rdw = manual_three_gemms(x.detach(), w.detach(), dy, r, seed)
     assert torch.equal(y, ry) and torch.equal(x.grad, rdx) and torch.equal(w.grad, rdw)
+    assert len(calls) == (3 if name.endswith("+fp8") else 0)   # the path the name says ran
     # and it is a good approximation of the exact layer
     exact = x.detach() @ w.detach().t()
     assert (y - exact).norm() / exact.norm() < 0.2
@@ -1244,14 +1251,15 @@ def test_uses_fp8_keeps_gpu_experts_off_the_reference_loop(monkeypatch):
 
 @pytest.mark.parametrize("name,tokens,train_w", [("mxfp4", 64, True), ("mxint4", 64, True),
                                                  ("mxint4", 50, True), ("mxfp4", 64, False)])
-def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):
+def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w, monkeypatch):
     """Same operands, fp32 products on the CPU: y, dx and dW agree bit for bit (tokens that fill
     no whole Wgrad block pad; a frozen weight needs no Wgrad); the backward keeps Wgrad's x packed
     (half a byte an element and a scale per block, as on bf16 GEMMs) and makes its FP8 operand
     when it needs it."""
     x = torch.randn(tokens, 96)
     w = torch.randn(128, 96)
-    outs = []
+    outs, calls, real = [], [], fp4._fp8_mm
+    monkeypatch.setattr(fp4, "_fp8_mm", lambda *a, **k: calls.append(a[1][0].dtype) or real(*a, **k))
     for on in (True, False):
         r = fp4.make_recipe(name, fp8_gemm=on)
         xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(train_w)
@@ -1259,6 +1267,8 @@ def test_fp8_gemm_layer_equals_the_bf16_gemm_layer(name, tokens, train_w):
         y = fp4.fp4_linear(xi, wi, r)
         y.backward(torch.randn_like(y))
         outs.append((y.detach(), xi.grad, wi.grad))
+    # Fprop, Dgrad (and Wgrad, whose b is x in e4m3) on FP8 GEMMs, only in the FP8 layer
+    assert calls == [fp4.E4M3, fp4.E4M3] + [fp4.E4M3] * train_w, calls
     for a, b in zip(*outs):
         assert (a is None and b is None and not train_w) or torch.equal(a, b)
     lin = fp4.FP4Linear(96, 128, bias=False, recipe=fp4.make_recipe(name, fp8_gemm=True))
