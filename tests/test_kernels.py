@@ -619,15 +619,19 @@ def test_sr_on_grids_of_several_uniform_pieces(monkeypatch):
         assert_same(kernels.fake_quant(x, fmt, dtype=torch.float32), fp4.fake_quant(x, fmt, dtype=torch.float32))
         scale, t, lo, hi = grid_neighbours(x, fmt)
         near = torch.where(t - lo <= hi - t, lo, hi)
-        hits = 0
+        hits, seen_lo, seen_hi = 0, torch.zeros_like(t, dtype=torch.bool), torch.zeros_like(t, dtype=torch.bool)
         for seed in range(8):
             y = kernels.fake_quant(x, fmt, rounding="sr", seed=seed, dtype=torch.float32)
             m = y.abs() / scale  # (the level, to an ulp of the fp32 scale's round trip)
             on = lambda v: (m - v).abs() <= 1e-5 * levels[-1]  # noqa: E731
             assert (on(lo) | on(hi)).all(), (name, seed)
             hits += on(near).float().mean().item() / 8
+            seen_lo, seen_hi = seen_lo | on(lo), seen_hi | on(hi)
             assert_same(kernels.dequantize(kernels.quantize(x, fmt, rounding="sr", seed=seed), torch.float32), y)
         assert hits > 0.6, (name, hits)
+        # random, not nearest: 8 draws of a value between two levels give both for about 7 in 9
+        both = (seen_lo & seen_hi)[hi > lo].float().mean().item()
+        assert both > 0.5, (name, both)
 
 
 def test_sr_saturates_blocks_with_subnormal_scales():
