@@ -10,7 +10,7 @@ convert; its logits are computed in fp32) and lm_head (outside `blocks`).
 Read top to bottom: config -> norms and RoPE -> attention -> dense MLP -> MoE -> block -> GPT.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -73,11 +73,16 @@ class GPTConfig:
         if self.n_expert and self.moe_dense_layers >= self.n_layer:
             raise ValueError(f"moe_dense_layers={self.moe_dense_layers} leaves no MoE block "
                              f"among n_layer={self.n_layer}; use n_expert=0 for a dense model")
-        moe_only = {k: getattr(self, k) for k in ("expert_hidden", "n_shared_expert",
-                                                   "moe_dense_layers") if getattr(self, k)}
+        default = {f.name: f.default for f in fields(self)}
+        moe_only = {k: getattr(self, k) for k in ("expert_hidden", "n_shared_expert", "moe_dense_layers",
+                    "top_k", "router", "aux_loss_weight", "z_loss_weight", "router_bias_rate")
+                    if getattr(self, k) != default[k]}
         if not self.n_expert and moe_only:
             raise ValueError(f"{', '.join(f'{k}={v}' for k, v in moe_only.items())} shape MoE "
                              f"blocks, and n_expert=0 makes a dense model: set n_expert, or drop them")
+        if self.router != "sigmoid" and self.router_bias_rate != default["router_bias_rate"]:
+            raise ValueError(f"router_bias_rate={self.router_bias_rate} steps the sigmoid router's "
+                             f"bias, and router={self.router!r} has none: set router='sigmoid', or drop it")
         # torch._grouped_mm (the experts' GEMMs) takes rows of a multiple of 16 bytes (8 bf16)
         if self.n_expert and (self.n_embd % 8 or self.expert_size % 8):
             raise ValueError(f"the experts' grouped GEMM needs n_embd={self.n_embd} and the expert "

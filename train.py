@@ -280,6 +280,9 @@ def check_config(cfg):
         raise ConfigError(f"lr_decay_iters={cfg['lr_decay_iters']} is not past warmup_iters="
                           f"{cfg['warmup_iters']}: the learning rate would drop to min_lr right "
                           f"after warmup; raise lr_decay_iters (0 = max_iters) or lower warmup_iters")
+    if cfg["lr_schedule"] != "wsd" and cfg["wsd_decay_frac"] != DEFAULTS["wsd_decay_frac"]:
+        raise ConfigError(f"wsd_decay_frac={cfg['wsd_decay_frac']} is read only with lr_schedule="
+                          f"'wsd' (it is {cfg['lr_schedule']!r}): add --lr_schedule=wsd, or drop it")
     if not cfg["dataset"] or os.path.basename(cfg["dataset"]) != cfg["dataset"] \
             or cfg["dataset"] in (".", ".."):
         raise ConfigError(f"dataset={cfg['dataset']!r} must be a plain name (a folder under "

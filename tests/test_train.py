@@ -97,6 +97,7 @@ def test_unknown_key_lists_close_matches(tmp_path):
     ("--init_from=hf:", "init_from='hf:': use"),
     ("--init_from=hf:no/such/dir", "no/such/dir holds no config.json"),
     ("--peak_tflops=-1.0", "peak_tflops=-1.0 is out of range"),
+    ("--wsd_decay_frac=0.5", "wsd_decay_frac=0.5 is read only with lr_schedule='wsd' \\(it is 'cosine'\\)"),
     ("--resume_from=out/a/ckpt.pt", "is read only with --init_from=resume"),
 ])
 def test_wrong_types(arg, msg):
@@ -107,7 +108,7 @@ def test_model_keys_are_gptconfigs_fields():
     import dataclasses
     from model import GPTConfig
     assert train.MODEL_KEYS == tuple(f.name for f in dataclasses.fields(GPTConfig))
-    c = train.get_config(["--n_layer=3", "--router=sigmoid"])
+    c = train.get_config(["--n_layer=3", "--n_expert=4", "--router=sigmoid"])
     margs = train.model_config(c, 10)
     assert margs.n_layer == 3 and margs.router == "sigmoid" and margs.vocab_size == 10
     assert margs.rope_theta == GPTConfig.rope_theta   # not a config key: the model's default
