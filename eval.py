@@ -155,8 +155,9 @@ def main(argv=None):
         return None
     c, given = parse(argv, DEFAULTS, choices=CHOICES)
     check_ranges(c, RANGES)
-    if c["text_file"] and "split" in given:
-        raise ConfigError("give --text_file or --split, not both")
+    for key, other in (("text_file", "split"), ("text_file", "data_dir"), ("ckpt_path", "out_dir")):
+        if c[key] and other in given:   # the other would be ignored
+            raise ConfigError(f"give --{key} or --{other}, not both")
     check_device(c["device"])
     check_backend(c["backend"], c["device"])
     fp4.set_backend(c["backend"])

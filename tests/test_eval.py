@@ -90,8 +90,11 @@ def test_unknown_character_is_one_line_naming_it(run, tmp_path):
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: ")
     assert "'ö' (U+00F6) at line 2, column 5" in p.stderr
-    with pytest.raises(eval_script.ConfigError, match="--text_file or --split, not both"):
-        eval_script.main(cli(f"out_dir={out}", "split=val", f"text_file={tmp_path / 'bad.txt'}"))
+    for extra, msg in (("split=val", "--text_file or --split"), (f"data_dir={tmp_path}", "--text_file or --data_dir")):
+        with pytest.raises(eval_script.ConfigError, match=f"{msg}, not both"):
+            eval_script.main(cli(f"out_dir={out}", extra, f"text_file={tmp_path / 'bad.txt'}"))
+    with pytest.raises(eval_script.ConfigError, match="--ckpt_path or --out_dir, not both"):
+        eval_script.main(cli(f"out_dir={tmp_path}", f"ckpt_path={out}/ckpt.pt"))
 
 
 def test_help_lists_the_keys():
