@@ -697,8 +697,8 @@ def run_command(args, p):
             p.error(f"checkpoints {', '.join(c for _, c in same)} get the same name "
                     f"{same[0][0]!r} (their last two folders): analyze them into separate --out folders")
         fp4.set_backend(args.backend)
-        for ckpt in args.ckpt:
-            mechanism(ckpt, os.path.join(args.out, ckpt_label(ckpt)), args.batches, args.draws, args.device)
+        for ckpt, label in zip(args.ckpt, labels):
+            mechanism(ckpt, os.path.join(args.out, label), args.batches, args.draws, args.device)
         mechanism_summary(args.out)
 
 
