@@ -424,12 +424,14 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Sample max_new_tokens after idx [B, T] (long); the context is cropped to block_size."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab=None):
+        """Sample max_new_tokens after idx [B, T] (long); the context is cropped to block_size.
+        vocab: the tokenizer's vocabulary size, where vocab_size is padded above it; the padding
+        ids, which no tokenizer can decode, are never sampled."""
         for _ in range(max_new_tokens):
             ctx = idx[:, -self.config.block_size:]
             logits, _ = self(ctx)
-            logits = logits[:, -1, :].float()
+            logits = logits[:, -1, :vocab].float()
             if temperature < 1e-4:   # the limit, where 1 / temperature could overflow the logits
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:

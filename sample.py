@@ -65,8 +65,10 @@ def main(argv=None):
     if wants_help(argv):
         print(help_text(__file__, DEFAULTS, usage=__doc__))
         return None
-    c, _ = parse(argv, DEFAULTS, choices=CHOICES)
+    c, given = parse(argv, DEFAULTS, choices=CHOICES)
     check_ranges(c, RANGES)
+    if c["ckpt_path"] and "out_dir" in given:   # out_dir would be ignored
+        raise ConfigError("give --ckpt_path or --out_dir, not both")
     check_device(c["device"])
     check_backend(c["backend"], c["device"])
     fp4.set_backend(c["backend"])
@@ -90,7 +92,7 @@ def main(argv=None):
     with torch.no_grad(), ctx:
         for _ in range(c["num_samples"]):
             y = model.generate(x, c["max_new_tokens"], temperature=c["temperature"],
-                               top_k=c["top_k"] or None)
+                               top_k=c["top_k"] or None, vocab=meta["vocab_size"])
             outs.append(decode(y[0].tolist()))
             print(outs[-1])
             print("---------------")

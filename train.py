@@ -1225,7 +1225,8 @@ def final_sample(run):
     x = torch.full((1, 1), first, dtype=torch.long, device=run.c.device)
     run.raw_model.eval()
     with run.ctx:
-        out = run.raw_model.generate(x, run.c.final_sample_tokens, temperature=0.8, top_k=200)
+        out = run.raw_model.generate(x, run.c.final_sample_tokens, temperature=0.8, top_k=200,
+                                     vocab=meta["vocab_size"])
     text = decoder(meta)(out[0].tolist())
     run.log("sample:\n" + text)
     if run.wandb:

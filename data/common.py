@@ -249,7 +249,7 @@ def decoder(meta):
     """token ids -> str for a dataset's meta (char or gpt2)."""
     if meta["tokenizer"] == "char":
         itos = meta["itos"]
-        return lambda ids: "".join(itos[i] for i in ids)
+        return lambda ids: "".join(itos[i] for i in ids if i < len(itos))  # (as gpt2's, below)
     enc = get_gpt2_encoding()
     return lambda ids: enc.decode([i for i in ids if i < enc.n_vocab])
 

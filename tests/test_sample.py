@@ -45,6 +45,18 @@ def test_sample_errors(out, tmp_path):
     p = subprocess.run([sys.executable, "sample.py", f"--out_dir={tmp_path}"], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 1 and p.stderr.startswith("error: no checkpoint at")
+    with pytest.raises(sample.ConfigError, match="--ckpt_path or --out_dir, not both"):
+        sample.main([f"--out_dir={tmp_path}", f"--ckpt_path={out}/ckpt.pt"])
+
+
+def test_sample_never_draws_a_padded_vocabulary_id(tmp_path):
+    """vocab_size padded above the dataset's vocabulary (a nanoGPT habit): the padding ids have no
+    character, so generate must not sample them (the char decoder raised IndexError)."""
+    ds = make_char_dataset(str(tmp_path / "tiny"))
+    train.main(tiny_args(ds, str(tmp_path / "run"), vocab_size=4096, max_iters=2, eval_interval=2))
+    texts = sample.main([f"--out_dir={tmp_path / 'run'}", "--start=The", "--num_samples=2",
+                         "--max_new_tokens=60", "--temperature=5"])  # flat: pads would be drawn
+    assert all(len(t) == 63 for t in texts)
 
 def test_train_and_sample_do_not_import_each_other():
     code = ("import sys, sample; assert 'train' not in sys.modules; "
