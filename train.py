@@ -585,6 +585,8 @@ def setup_data(run):
             raise ConfigError(f"dataset {c.dataset!r} in {run.data_path} would be rebuilt ({why}), "
                               f"which {mode} does not do (checkpoints may have been trained on "
                               f"the data there): {fix}rebuild it in a training run")
+        if why and why != "first use" and run.resumed:
+            refuse_resume_rebuild(run, inputs)
         if why:
             if inputs or why != "first use":   # (prepare_dataset says it on first use)
                 run.log(f"preparing dataset {c.dataset!r} in {run.data_path} ({why})...")
@@ -616,6 +618,23 @@ def setup_data(run):
 def dataset_inputs(c):
     """The files --dataset_input names (a stray comma names none)."""
     return [p for p in c.dataset_input.split(",") if p]
+
+
+def refuse_resume_rebuild(run, inputs):
+    """A resume may rebuild its dataset only into the data its checkpoint was trained on: any
+    other rebuild would fail resume's data check after replacing the data of other runs."""
+    c, (ckpt, src) = run.c, run.resumed
+    trained = ckpt.get("meta")
+    if not trained or c.dataset != ckpt["config"].get("dataset"):
+        return
+    have = [i.get("sha256") for i in trained.get("inputs", [])], trained.get("tokenizer")
+    want = [sha256_file(p) for p in inputs], c.dataset_tokenizer or "char"
+    if inputs and have != want:
+        raise CheckpointError(f"--dataset_input would rebuild dataset {c.dataset!r} in "
+                              f"{run.data_path} from files or a tokenizer other than {src} was "
+                              f"trained on, and resume would then refuse it: nothing was rebuilt; "
+                              f"give the new data a name of its own (--dataset=NAME) to continue "
+                              f"on it, or drop --dataset_input")
 
 
 def dataset_needs_build(c, path):
@@ -841,9 +860,9 @@ def resume(run):
     """Weights, optimizer, counters and this rank's data/RNG streams from the checkpoint."""
     c = run.c
     (ckpt, src), run.resumed = run.resumed, None
-    trained_on = ckpt["config"].get("data_dir"), ckpt["config"].get("dataset")
     changes = data_changes(ckpt.get("meta"), run.meta)   # (first: new data also changes the vocab)
-    if (c.data_dir, c.dataset) == trained_on and changes:
+    # by name, not path: another spelling of the folder, or a copy elsewhere, is still that data
+    if c.dataset == ckpt["config"].get("dataset") and changes:
         raise CheckpointError(f"{run.data_path} is not the data {src} was trained on ({changes}): "
                               f"it was rebuilt since; prepare that data again, or give the new "
                               f"data a name of its own (--dataset=NAME) to continue on it")

@@ -1176,8 +1176,25 @@ def test_a_run_does_not_continue_on_its_dataset_rebuilt_from_other_text(tmp_path
                                                     r"\(train_tokens \d+ -> \d+; .*built from "
                                                     r"other files \(.*input.txt ->"):
         train.main([f"--out_dir={first}", "--init_from=resume", "--max_iters=4", "--device=cpu"])
+    resume = [f"--out_dir={first}", "--init_from=resume", "--max_iters=4", "--device=cpu"]
+    data_dir = os.path.dirname(folder)
+    for spelling in (data_dir + "/", os.path.relpath(data_dir)):   # the same folder
+        with pytest.raises(train.CheckpointError, match=r"is not the data .*ckpt.pt was trained on"):
+            train.main(resume + [f"--data_dir={spelling}"])
     with pytest.raises(train.ConfigError, match="is not the data the checkpoint was trained on"):
         eval_script.main([f"--out_dir={first}"])
+    # new text under the resumed name: refused before the rebuild, which would replace b's data
+    other = tmp_path / "other.txt"
+    other.write_text("Something else entirely, my good lord.\n" * 200)
+    before = {f: open(os.path.join(folder, f), "rb").read() for f in os.listdir(folder)}
+    with pytest.raises(train.CheckpointError, match=r"--dataset_input would rebuild dataset 'mine' "
+                                                    r".*trained on.*nothing was rebuilt"):
+        train.main(resume + [f"--dataset_input={other}"])
+    assert {f: open(os.path.join(folder, f), "rb").read() for f in os.listdir(folder)} == before
+    # the text it was trained on: rebuilt back, and the run goes on
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    train.main(resume + [f"--dataset_input={text}"])
+    assert read_log(first)[-1]["iter"] == 3
 
 def test_resume_on_data_rebuilt_with_another_vocabulary_names_the_data(tmp_path):
     """New text with new characters changes the vocabulary, and so the model's shape: the data is
