@@ -11,6 +11,17 @@ from data.common import load_meta
 DATASETS = ("shakespeare_char", "shakespeare", "literature", "tinyshakespeare_char")
 
 
+def named_folder_error(out, own, other_text=False):
+    """Why a prepare script must not write to `out` ("" if it may): a named dataset's folder is what
+    train.py reads as that dataset, so it takes only its own script's own source."""
+    name = os.path.basename(os.path.abspath(out))
+    if name in DATASETS and (other_text or name != own):
+        return (f"{out} is the folder of the named dataset {name!r}, which train.py reads as that "
+                f"dataset's own source; other text gets a folder of its own: give "
+                f"--out=data/NAME and train with --dataset=NAME")
+    return ""
+
+
 def prepare_dataset(name: str, data_dir: str = "data", force: bool = False) -> str:
     """Folder of dataset `name` under data_dir, prepared first if its files are missing (or
     always, with force)."""

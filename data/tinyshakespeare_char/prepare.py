@@ -14,6 +14,7 @@ import sys
 
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from data import named_folder_error  # noqa: E402
 from data.common import DEFAULT_CACHE_DIR, clean_text, read_text_file, sha256_file, url_download, write_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,6 +60,9 @@ if __name__ == "__main__":
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR)
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
+    error = named_folder_error(args.out, os.path.basename(HERE))
+    if error:
+        sys.exit(f"error: {error}")
     try:
         meta = prepare(args.out, args.cache_dir, args.input_path, args.val_fraction)
     except (RuntimeError, ValueError, OSError) as e:
