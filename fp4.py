@@ -1243,8 +1243,10 @@ def fp4_linear(x, weight, recipe, counts=None, tag=""):
 def _group_counts(x, weight, counts, recipe, aligned=False):
     """counts (a tensor or list: the rows of each group, x sorted by group) as a long tensor on
     x's device, checked against weight [E, out, in] and x where that costs no host sync (counts on
-    the CPU, eager): others give wrong gradients. aligned: as GroupedLinear.forward's."""
-    counts = torch.as_tensor(counts, device=x.device)
+    the host, eager: checked before they move): others give wrong gradients or a device-side
+    assert. aligned: as GroupedLinear.forward's."""
+    on_device = isinstance(counts, torch.Tensor) and counts.device.type != "cpu"
+    counts = torch.as_tensor(counts, device=counts.device if on_device else "cpu")
     if counts.is_floating_point() or counts.is_complex():
         raise TypeError(f"counts must be integers, got {counts.dtype}")
     counts = counts.long()
@@ -1261,7 +1263,7 @@ def _group_counts(x, weight, counts, recipe, aligned=False):
             raise ValueError(f"aligned=True needs counts that are multiples of {m} (zero rows "
                              f"after each group's real ones), got {counts.tolist()}; or pass "
                              f"aligned=False and the layer pads")
-    return counts
+    return counts.to(x.device)
 
 class _Quantized:
     """The `recipe` attribute of the quantized modules, kept with the string key the ops take

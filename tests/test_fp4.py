@@ -380,6 +380,13 @@ def test_grouped_linear_checks_its_counts():
     with pytest.raises(ValueError, match="one row count per group"):
         g(x, [20, 20])
     assert g(x, [10, 10, 20, 0]).shape == (40, 64)
+    # counts from the host are checked before they move to x's device (on CUDA, unchecked
+    # counts ended in a device-side assert that broke the process): x on the meta device
+    xm, wm = torch.empty(40, 32, device="meta"), torch.empty(4, 64, 32, device="meta")
+    for counts in ([10, 10, 0, 0], torch.tensor([50, -10, 0, 0])):
+        with pytest.raises(ValueError, match="sum to the rows of x"):
+            fp4._group_counts(xm, wm, counts, fp4.make_recipe("ufp4"))
+    assert fp4._group_counts(xm, wm, [10, 10, 20, 0], fp4.make_recipe("ufp4")).device.type == "meta"
 
 
 def test_bad_names_list_valid_ones():
