@@ -1679,6 +1679,7 @@ def fp4_matmul(qa, qb, dtype=None, _cfg=None):
     (default qa.dtype). Equals dequantize(qa) @ dequantize(qb).T up to fp32 summation order and
     the bf16 rounding of value x block scale (exact for e4m3 and e8m0 scales)."""
     for q, nm in ((qa, "qa"), (qb, "qb")):
+        fp4.check_qtensor(q)   # (codes or scales cut short would be read past their ends)
         if len(q.shape) != 2 or q.dim != 1:
             raise ValueError(f"{nm}: fp4_matmul needs 2D QTensors quantized along dim 1 "
                              f"(got shape {q.shape}, dim {q.dim})")

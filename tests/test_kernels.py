@@ -977,10 +977,14 @@ def test_fp4_matmul_rejects_operands_it_cannot_multiply():
     bad = [((kernels.quantize(a, "ufp4", rht=16), qw), "same RHT"),
            ((qa, kernels.quantize(randn(16, 96, seed=3), "ufp4")), "inner dims differ"),
            ((kernels.quantize(a.t().contiguous(), "ufp4", dim=0), qw), "quantized along dim 1"),
-           ((qa, kernels.quantize(randn(2, 16, 64, seed=4), "ufp4")), "2D QTensors")]
+           ((qa, kernels.quantize(randn(2, 16, 64, seed=4), "ufp4")), "2D QTensors"),
+           ((dataclasses.replace(qa, scales=qa.scales[:, :2]), qw), "needs uint8 codes"),
+           ((qa, dataclasses.replace(qw, codes=qw.codes[:, :16])), "needs uint8 codes")]
     for (x, y), match in bad:
         with pytest.raises(ValueError, match=match):
             kernels.fp4_matmul(x, y)
+    with pytest.raises(TypeError, match="expected an fp4.QTensor"):
+        kernels.fp4_matmul(a, qw)
 
 
 def test_module_surface(monkeypatch):
