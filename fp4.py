@@ -715,6 +715,11 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     else:
         raise ValueError(f"unknown recipe {name!r}; valid recipes: {sorted(RECIPES)}")
     gemms = {g: getattr(r, g) for g in GEMMS}
+    if isinstance(fmt, Format):   # a Gemm holds a format's name: one that means this format
+        if fmt.block_2d:
+            raise ValueError(f"fmt={fmt}: 2D tiles are the weights' choice, not the format's: "
+                             f"give the format without block_2d and weight_2d=True")
+        fmt = fmt.name if FORMATS.get(fmt.name) == fmt else f"{fmt.grid}/{fmt.block}/{fmt.scale}"
     if fmt is not None:
         fmt = get_format(fmt).name if fmt not in ("bf16", "none", "") else None
         gemms = {g: replace(v, fmt=fmt) for g, v in gemms.items()}

@@ -508,6 +508,14 @@ def test_make_recipe_ablations():
     with pytest.raises(ValueError, match="rht_size"):
         fp4.make_recipe("ufp4", rht_size=24)
     assert fp4.make_recipe("mxfp4", rht="wgrad/fprop") == fp4.make_recipe("mxfp4", rht="fprop,wgrad")
+    # a Format object is that format, not the preset of its name
+    for f, want in ((fp4.Format("ufp4", "e2m1", 32, "e8m0"), "e2m1/32/e8m0"),
+                    (fp4.Format("mine", "int4", 32, "e8m0"), "int4/32/e8m0"),
+                    (fp4.FORMATS["nvfp4"], "nvfp4")):
+        r = fp4.make_recipe("ufp4", fmt=f)
+        assert r.fprop.fmt == want and fp4.get_format(r.wgrad.fmt).block == f.block
+    with pytest.raises(ValueError, match="weight_2d=True"):
+        fp4.make_recipe("ufp4", fmt=fp4.Format("nvfp4", "e2m1", 16, "e4m3", block_2d=True))
 
 
 def test_recipe_fields_take_their_own_types():
