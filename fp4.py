@@ -367,6 +367,7 @@ def check_qtensor(q):
 def dequantize(q, dtype=None):
     """QTensor -> tensor of the original shape (in the RHT basis if q.rht), in q.dtype or `dtype`."""
     check_qtensor(q)
+    check_out_dtype(dtype, fp8_ok=True)
     kernels = kernels_for(q.codes)
     if kernels:
         return kernels.dequantize(q, dtype)
@@ -468,12 +469,15 @@ def check_blockable(x, fmt, dim, rht, rht_name="rht"):
         raise ValueError(f"2D blocks need a tensor of 2+ dims whose two tiled dims are multiples "
                          f"of {fmt.block}, got shape {tuple(x.shape)} blocked along dim {dim}")
 
-def check_out_dtype(dtype):
-    """fake_quant's output dtype: None (x's) or a float of 16+ bits (to_fp8 makes FP8 operands)."""
+def check_out_dtype(dtype, fp8_ok=False):
+    """fake_quant's output dtype: None (x's) or a float of 16+ bits (to_fp8 makes FP8 operands);
+    fp8_ok: dequantize's, which also writes E4M3 and E5M2 (fp8_from_packed's values)."""
+    if fp8_ok and dtype in (E4M3, E5M2):
+        return
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point
                                   and dtype.itemsize >= 2):
         raise TypeError(f"dtype must be None or torch.float32, bfloat16, float16 or float64, got "
-                        f"{dtype!r}; for FP8 operands use to_fp8")
+                        f"{dtype!r}; for FP8 operands use " + ("fp8_from_packed" if fp8_ok else "to_fp8"))
 
 SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed takes
 

@@ -1440,6 +1440,7 @@ def _kernel_scales(q):
 def dequantize(q, dtype=None):
     """fp4.dequantize: QTensor -> tensor of the original shape (contiguous), in dtype or q.dtype."""
     fp4.check_qtensor(q)
+    fp4.check_out_dtype(dtype, fp8_ok=True)
     return _dequantize(q, dtype)
 
 

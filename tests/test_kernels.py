@@ -1255,6 +1255,11 @@ def test_bad_input_gives_the_references_errors():
         for fn in (mod.fake_quant, mod.quantize_both):
             with pytest.raises(TypeError, match="dtype must be None"):
                 fn(x, "mxfp4", dtype=torch.int32)
+        q = mod.quantize(x, "ufp4")   # dequantize: floats of 16+ bits and the two FP8 dtypes
+        for dtype in (torch.int32, torch.bool, "bfloat16"):
+            with pytest.raises(TypeError, match="dtype must be None.*use fp8_from_packed"):
+                mod.dequantize(q, dtype)
+        assert mod.dequantize(q, torch.float8_e5m2).dtype == torch.float8_e5m2
         for fn in (mod.quantize, mod.fake_quant, mod.to_fp8, mod.quantize_both):
             for seed in (2**64, -2**63 - 1, 1.5, True, "7"):
                 with pytest.raises(ValueError, match=r"seed must be None, an int in \[-2\*\*63, 2\*\*64\)"):
