@@ -1334,10 +1334,11 @@ class FP4Linear(_Quantized, nn.Linear):
         return True
 
     def _cache_key(self):
-        """What the cached operands depend on: the recipe, and the weight tensor and its version
-        (bumped by every in-place change; a new tensor, e.g. from load_state_dict(assign=True),
-        has another identity)."""
-        return self._recipe_key, id(self.weight), self.weight._version
+        """What the cached operands depend on: the recipe, and the weight tensor, its storage and
+        its version (bumped by every in-place change; a new tensor, e.g. from
+        load_state_dict(assign=True), has another identity, and weight.data = t another storage).
+        Writes into weight.data in place bump no version: no key can see them."""
+        return self._recipe_key, id(self.weight), self.weight.data_ptr(), self.weight._version
 
     def _weight_q(self):
         """The cached FP8 operands for _apply ([] when none); in eager mode, an error if the
@@ -1394,7 +1395,8 @@ def cache_weights(model):
     can keep it (FP4Linear.cache_weight: FP8 GEMMs, round-to-nearest weights): micro-steps of
     one optimizer step then skip the weight's quantize passes. Call it after every change to
     the weights (train.py: at the start and after each optimizer step). An eager call after a
-    change without it is an error; compiled code cannot check, and would use the stale copy.
+    change without it is an error; compiled code cannot check, and would use the stale copy, as
+    does an eager call after an in-place write through weight.data, which torch does not count.
     Returns the number of layers that cache."""
     return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 

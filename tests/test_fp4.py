@@ -1344,6 +1344,10 @@ def test_cache_weights_equals_quantizing_per_call():
         lin(x)
     fp4.cache_weights(lin)
     assert lin(x).any()
+    lin.weight.data = lin.weight.data * 3   # another storage, and no version bumped
+    with pytest.raises(RuntimeError, match="cache_weights"):
+        lin(x)
+    fp4.cache_weights(lin)
     lin.recipe = fp4.make_recipe("mxint4", fp8_gemm=True, rht="none")
     with pytest.raises(RuntimeError, match="recipe changed"):
         lin(x)
