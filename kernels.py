@@ -358,14 +358,22 @@ def _off_meta(p):
 def _seed(seed, device):
     """An int, or a one-element integer tensor on the device (read by the kernel: no host sync,
     and a CUDA graph replays whatever value it holds then; values in [0, 2^31 - 1) give the same
-    random bits as that int)."""
+    random bits as that int). An int kernel argument stays below 2^31 - 1 (one compiled kernel
+    for all seeds): other ints are mixed into that range (splitmix64), so that seeds built as
+    step * 2^32 + layer do not meet, as they would modulo 2^31 - 1."""
     if seed is None:  # one draw from torch's CPU generator (the reference draws on x's device)
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
     if isinstance(seed, torch.Tensor):
         if seed.device == device:
             return seed.reshape(()).to(torch.int64)
         seed = int(seed)
-    return int(seed) % (2**31 - 1)
+    seed = int(seed)
+    if 0 <= seed < 2**31 - 1:
+        return seed
+    z = (seed + 0x9E3779B97F4A7C15) % 2**64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+    return (z ^ (z >> 31)) % (2**31 - 1)
 
 
 def _cdiv(a, b):  # triton.cdiv costs microseconds of host time per call (constexpr unwrapping)

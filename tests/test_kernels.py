@@ -591,6 +591,11 @@ def test_sr_seeds_and_consistency():
         c = kernels.fake_quant(x, name, rounding="sr", seed=2, dtype=torch.float32)
         assert_same(a, b)
         assert not torch.equal(a, c)
+        # 64-bit seeds stay apart: 0 and 2^31 - 1, and step * 2^32 + layer (2^32 + 0 and 0 + 2),
+        # met modulo 2^31 - 1
+        for s1, s2 in ((0, 2**31 - 1), (2, 2**32)):
+            assert not torch.equal(kernels.fake_quant(x, name, rounding="sr", seed=s1),
+                                   kernels.fake_quant(x, name, rounding="sr", seed=s2))
         # the packed path draws the same bits for the same seed
         q = kernels.quantize(x, name, rounding="sr", seed=1)
         assert_same(kernels.dequantize(q, torch.float32), a)
