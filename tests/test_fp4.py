@@ -1419,3 +1419,16 @@ def test_linear_op_fake_matches_real(name, fp8):
         assert real[2].dtype == fp4.E4M3 and real[2].shape == (96, 64)
     else:
         assert real[3].dtype == fp4.SCALE_DTYPES[fp4.get_format(recipe.wgrad.fmt).scale]
+
+
+def test_layer_keeps_a_half_precision_inputs_dtype_as_nn_linear():
+    """A bf16 model run without autocast: y in bf16 (fp32 doubled the activations downstream),
+    equal to the layer under bf16 autocast; fp32 and fp64 inputs keep theirs."""
+    for rec in ("ufp4", "nvfp4", fp4.make_recipe("mxint4", fp8_gemm=True)):
+        lin = fp4.FP4Linear(64, 32, recipe=rec).to(torch.bfloat16)
+        x = torch.randn(16, 64, dtype=torch.bfloat16)
+        y = lin(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert y.dtype == torch.bfloat16 and torch.equal(y, lin(x))
+    lin = fp4.FP4Linear(64, 32, recipe="ufp4").double()
+    assert lin(torch.randn(4, 64, dtype=torch.float64)).dtype == torch.float64
