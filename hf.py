@@ -292,6 +292,30 @@ def save_gpt2_tokenizer(hf_dir):
 # -----------------------------------------------------------------------------
 # Hugging Face -> nanoFP4
 
+def tokenizer_of(hf_dir):
+    """What a model directory says of its tokenizer: ("char", itos) from an export's
+    char_vocab.json or nanofp4.json; ("gpt2", None) from GPT-2's vocab.json and merges.txt (a
+    vocab.json of GPT-2's 50257 entries); ("other", file names) for any other tokenizer files;
+    (None, None) where there are none (a model saved without its tokenizer)."""
+    def read(name):
+        try:
+            with open(os.path.join(hf_dir, name), encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+    meta = (read("nanofp4.json") or {}).get("meta") or read("char_vocab.json") or {}
+    if meta.get("tokenizer") == "char" and isinstance(meta.get("itos"), list):
+        return "char", meta["itos"]
+    if meta.get("tokenizer") == "gpt2":
+        return "gpt2", None
+    vocab = read("vocab.json")
+    if isinstance(vocab, dict) and len(vocab) == 50257 and \
+            os.path.isfile(os.path.join(hf_dir, "merges.txt")):
+        return "gpt2", None
+    files = [f for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+             if os.path.isfile(os.path.join(hf_dir, f))]
+    return ("other", files) if files else (None, None)
+
 def read_hf_weights(hf_dir):
     """All tensors of a model directory: model.safetensors, its sharded index, or
     pytorch_model.bin (weights_only)."""

@@ -751,6 +751,17 @@ def import_hf(run):
         raise ConfigError(f"init_from={c.init_from!r}: the model's vocab_size "
                           f"{args['vocab_size']} is smaller than the dataset's "
                           f"{run.meta['vocab_size']}: use a dataset of its tokenizer")
+    kind, detail = hf.tokenizer_of(src)
+    ours = run.meta["tokenizer"]
+    if kind is None:
+        run.log(f"warning: {src} holds no tokenizer files: make sure its model was trained with "
+                f"this dataset's tokenizer ({ours})")
+    elif kind != ours or (kind == "char" and detail != run.meta["itos"]):
+        theirs = f"its own tokenizer ({', '.join(detail)})" if kind == "other" else \
+            f"a {kind} tokenizer" + (" of other characters" if kind == ours else "")
+        raise ConfigError(f"init_from={c.init_from!r}: the model was trained with {theirs}, "
+                          f"dataset {c.dataset!r} is {ours}-tokenized: its token ids would mean "
+                          f"other tokens; use a dataset of the model's tokenizer")
     taken = {k: v for k, v in args.items() if k in DEFAULTS and run.cfg[k] != v}
     run.cfg.update(taken)
     vars(run.c).update(taken)

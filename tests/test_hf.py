@@ -269,3 +269,36 @@ def test_train_fine_tunes_an_imported_model_in_fp4_and_exports_it(tmp_path):
     moved = max((ckpt["model"][k].float() - v.float()).abs().max().item() for k, v in imported.items())
     assert 1e-4 < moved < 5 * 3e-3, moved
     assert not torch.equal(logits(ours, idx), theirs(idx).logits)
+
+
+def test_train_refuses_a_model_of_another_tokenizer(tmp_path, capsys):
+    """init_from=hf:DIR on a dataset of another tokenizer trains token ids that mean other tokens:
+    refused where the directory says its tokenizer, a warning where it holds none."""
+    import train
+    ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
+    itos = json.load(open(os.path.join(ds, "meta.json")))["itos"]
+    _, folder = hf_model("llama", tmp_path)
+    run = lambda: train.main(tiny_args(ds, str(tmp_path / "out"), init_from=f"hf:{folder}",
+                                       dry_run=True, block_size=32))
+    run()
+    assert "holds no tokenizer files" in capsys.readouterr().out
+    for vocab, match in ((itos[::-1], "a char tokenizer of other characters"), (itos, None)):
+        with open(os.path.join(folder, "char_vocab.json"), "w") as f:
+            json.dump({"tokenizer": "char", "itos": vocab}, f)
+        if match:
+            with pytest.raises(train.ConfigError, match=match):
+                run()
+        else:
+            run()
+            assert "holds no tokenizer files" not in capsys.readouterr().out
+    os.remove(os.path.join(folder, "char_vocab.json"))
+    open(os.path.join(folder, "tokenizer.json"), "w").write("{}")
+    with pytest.raises(train.ConfigError, match=r"its own tokenizer \(tokenizer.json\), dataset "
+                                                r"'tiny' is char-tokenized"):
+        run()
+    with open(os.path.join(folder, "vocab.json"), "w") as f:   # GPT-2's BPE: 50257 entries + merges
+        json.dump({f"t{i}": i for i in range(50257)}, f)
+    open(os.path.join(folder, "merges.txt"), "w").write("#version: 0.2\n")
+    assert hf.tokenizer_of(folder) == ("gpt2", None)
+    with pytest.raises(train.ConfigError, match="a gpt2 tokenizer, dataset 'tiny' is char-tokenized"):
+        run()
