@@ -297,20 +297,20 @@ def tokenizer_of(hf_dir):
     char_vocab.json or nanofp4.json; ("gpt2", None) from GPT-2's vocab.json and merges.txt (a
     vocab.json of GPT-2's 50257 entries); ("other", file names) for any other tokenizer files;
     (None, None) where there are none (a model saved without its tokenizer)."""
-    def read(name):
+    def read(name):   # a JSON object, or {}
         try:
             with open(os.path.join(hf_dir, name), encoding="utf-8") as f:
-                return json.load(f)
+                obj = json.load(f)
         except (OSError, ValueError):
-            return None
-    meta = (read("nanofp4.json") or {}).get("meta") or read("char_vocab.json") or {}
+            return {}
+        return obj if isinstance(obj, dict) else {}
+    meta = read("nanofp4.json").get("meta") or read("char_vocab.json")
+    meta = meta if isinstance(meta, dict) else {}
     if meta.get("tokenizer") == "char" and isinstance(meta.get("itos"), list):
         return "char", meta["itos"]
     if meta.get("tokenizer") == "gpt2":
         return "gpt2", None
-    vocab = read("vocab.json")
-    if isinstance(vocab, dict) and len(vocab) == 50257 and \
-            os.path.isfile(os.path.join(hf_dir, "merges.txt")):
+    if len(read("vocab.json")) == 50257 and os.path.isfile(os.path.join(hf_dir, "merges.txt")):
         return "gpt2", None
     files = [f for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
              if os.path.isfile(os.path.join(hf_dir, f))]

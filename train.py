@@ -625,11 +625,11 @@ def refuse_resume_rebuild(run, inputs):
     other rebuild would fail resume's data check after replacing the data of other runs."""
     c, (ckpt, src) = run.c, run.resumed
     trained = ckpt.get("meta")
-    if not trained or c.dataset != ckpt["config"].get("dataset"):
-        return
+    if not inputs or not trained or c.dataset != ckpt["config"].get("dataset"):
+        return   # (without inputs, a named dataset is rebuilt from its own source)
     have = [i.get("sha256") for i in trained.get("inputs", [])], trained.get("tokenizer")
     want = [sha256_file(p) for p in inputs], c.dataset_tokenizer or "char"
-    if inputs and have != want:
+    if have != want:
         raise CheckpointError(f"--dataset_input would rebuild dataset {c.dataset!r} in "
                               f"{run.data_path} from files or a tokenizer other than {src} was "
                               f"trained on, and resume would then refuse it: nothing was rebuilt; "
