@@ -69,6 +69,10 @@ def _run_config_file(path):
     if root not in sys.path:   # lets config files `from configs._x import *`
         sys.path.insert(0, root)
     ns = {"__file__": path, "__name__": "__config__"}
+    # its own folder too, as Python gives a script it runs (`from base import *` beside it); the
+    # modules found there are forgotten after, so another folder's base.py is not taken for it
+    here, before = os.path.dirname(os.path.abspath(path)), set(sys.modules)
+    sys.path.insert(0, here)
     try:   # bytes, so Python reads a BOM and a coding line as it would running the file
         with open(path, "rb") as f:
             exec(builtins.compile(f.read(), path, "exec"), ns)  # `compile` is a config key
@@ -77,6 +81,12 @@ def _run_config_file(path):
                           f"syntax there") from None
     except Exception as e:
         raise ConfigError(f"config file {path} fails when run: {type(e).__name__}: {e}") from None
+    finally:
+        sys.path.remove(here)
+        for name in set(sys.modules) - before:   # (top-level modules: not configs._x)
+            file = getattr(sys.modules[name], "__file__", None)
+            if "." not in name and file and os.path.dirname(os.path.abspath(file)) == here != root:
+                del sys.modules[name]
     return {k: v for k, v in ns.items()
             if not (k.startswith("_") or isinstance(v, types.ModuleType) or callable(v))}
 

@@ -80,6 +80,11 @@ class GPTConfig:
         if not self.n_expert and moe_only:
             raise ValueError(f"{', '.join(f'{k}={v}' for k, v in moe_only.items())} shape MoE "
                              f"blocks, and n_expert=0 makes a dense model: set n_expert, or drop them")
+        if self.n_expert and self.expert_hidden and not self.moe_dense_layers \
+                and self.mlp_hidden != default["mlp_hidden"]:
+            raise ValueError(f"mlp_hidden={self.mlp_hidden} sizes dense MLPs and the experts' "
+                             f"default width, and with expert_hidden={self.expert_hidden} and no "
+                             f"dense layers (moe_dense_layers=0) nothing reads it: drop it")
         if self.router != "sigmoid" and self.router_bias_rate != default["router_bias_rate"]:
             raise ValueError(f"router_bias_rate={self.router_bias_rate} steps the sigmoid router's "
                              f"bias, and router={self.router!r} has none: set router='sigmoid', or drop it")

@@ -64,6 +64,18 @@ def test_config_file_with_a_bom_or_a_coding_line_runs_as_python_runs_it(tmp_path
     assert c["batch_size"] == 7 and c["wandb_run_name"] == "caf\u00e9"
 
 
+def test_config_file_imports_from_its_own_folder_as_python_runs_it(tmp_path):
+    """`from base import *` beside the config, as `python child.py` would find it; a second
+    folder's base.py is its own, not the first one's cached."""
+    for folder, size in (("one", 3), ("two", 5)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "base.py").write_text(f"batch_size = {size}\nn_layer = 2\n")
+        (tmp_path / folder / "child.py").write_text("from base import *  # noqa\nn_layer = 3\n")
+        c = train.get_config([str(tmp_path / folder / "child.py")])
+        assert (c["batch_size"], c["n_layer"]) == (size, 3)
+    assert str(tmp_path / "one") not in sys.path and "base" not in sys.modules
+
+
 def test_odd_command_line_values_are_one_line_errors():
     with pytest.raises(ConfigError, match=r"learning_rate.*is too large for a float"):
         train.get_config(["--learning_rate=1" + "0" * 400])

@@ -342,6 +342,7 @@ def test_update_router_bias_moves_load_toward_balance():
     (dict(router="sigmoid", top_k=3, aux_loss_weight=0.5),   # a dense model takes none of them
      "top_k=3, router=sigmoid, aux_loss_weight=0.5 shape MoE blocks, and n_expert=0"),
     (dict(n_expert=4, router_bias_rate=0.01), "router_bias_rate=0.01 steps the sigmoid router's"),
+    (dict(n_expert=4, expert_hidden=64, mlp_hidden=512), "mlp_hidden=512 .* nothing reads it"),
     (dict(n_expert=4, expert_hidden=20), "expert width 20"),
     (dict(n_expert=4, n_embd=36, n_head=2, expert_hidden=64), "n_embd=36"),
 ])
