@@ -3,15 +3,15 @@ analyze.py: shrinkage analysis, the paper's tensor-level measurements.
 
   python analyze.py grids                      # the picture at the top of the README
   python analyze.py mechanism --ckpt out/x/ckpt.pt [--ckpt ...] [--batches 8 --draws 8]
-                             [--out results/mechanism]
+                             [--out out/mechanism]
       the mechanism at fixed weights, per quantized layer, mean ± SE over val batches, for e2m1
       and ufp4 with and without RHT: the forward penalty (CE with one Fprop GEMM, or all, quantized
       with RTNE, minus the exact CE), the Wgrad bias over SR draws against the exact dW (alpha_g,
       cosine, draw-corrected |bias|^2, variance ratio), alpha / SQNR / B_eff of the Fprop operands
       and the empirical per-level bias E[Q(t) - t | level]; markdown + json per checkpoint, and
       summary.md: every checkpoint analysed in --out, one row each (steps, training recipes)
-  python analyze.py mechanism_summary --out results/mechanism   # summary.md again, from the json
-  python analyze.py tensors --ckpt out/x/ckpt.pt [--out results/shrinkage]
+  python analyze.py mechanism_summary --out out/mechanism   # summary.md again, from the json
+  python analyze.py tensors --ckpt out/x/ckpt.pt [--out out/shrinkage]
       capture the real operands of every quantized GEMM of a trained bf16 checkpoint (inputs of
       qkv/proj/fc1/fc2, weights, and dy from one backward pass) and report alpha, SQNR and
       B_eff per format, with and without RHT (markdown + jsonl); then the depth picture: one
@@ -657,20 +657,20 @@ def main(argv):
     t = sub.add_parser("tensors", help="alpha/SQNR/B_eff of a checkpoint's real GEMM operands, "
                                         "and the depth profile under each recipe")
     t.add_argument("--ckpt", required=True)
-    t.add_argument("--out", default="results/shrinkage", help="prefix of the output files")
+    t.add_argument("--out", default="out/shrinkage", help="prefix of the output files")
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     m = sub.add_parser("mechanism", help="per layer, over batches: forward penalty, Wgrad bias over SR "
                                           "draws, alpha/SQNR/B_eff and per-level bias, e2m1 vs ufp4 +- RHT")
     m.add_argument("--ckpt", required=True, action="append", help="a checkpoint (give several: bases, "
                    "fork endpoints); outputs are named after the checkpoint's folder")
-    m.add_argument("--out", default="results/mechanism", help="output folder")
+    m.add_argument("--out", default="out/mechanism", help="output folder")
     m.add_argument("--batches", type=int, default=8)
     m.add_argument("--draws", type=int, default=8, help="SR draws of each Wgrad (at least 2)")
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     m.add_argument("--backend", default="torch", choices=("torch", "triton", "auto"),
                    help="fp4's reference (default) or the Triton kernels")
     ms = sub.add_parser("mechanism_summary", help="summary.md of every checkpoint's mechanism json in --out")
-    ms.add_argument("--out", default="results/mechanism", help="the folder `mechanism` wrote to")
+    ms.add_argument("--out", default="out/mechanism", help="the folder `mechanism` wrote to")
     args = p.parse_args(argv)
     try:
         if args.cmd in ("tensors", "mechanism"):

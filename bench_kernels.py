@@ -6,7 +6,7 @@ CUDA-graph replay: GPU time, without the Python of the call):
   GEMM vs cuBLAS bf16 (and dequantize + cuBLAS), a quantized linear fwd+bwd vs a bf16 linear,
   GPT-2-small shapes.
 
-    python bench_kernels.py [--out results] [--quick]
+    python bench_kernels.py [--out out/kernels] [--quick]
 
 Writes <out>/kernels_h200.json and <out>/kernels_h200.md (command, date, GPU, versions)."""
 import argparse
@@ -359,7 +359,7 @@ def lean_linear(xin, dy, lin):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", default="out/kernels")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget", type=float, default=330.0, help="seconds; later sections are skipped")
     ap.add_argument("--warm", default=None, help="k/n: compile only (each timed call runs once), "

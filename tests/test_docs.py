@@ -107,3 +107,12 @@ def test_index_rows_are_cited_where_they_say():
 def test_readme_length():
     n = len(_read("README.md"))
     assert n <= README_LIMIT, f"README.md has {n} characters, over {README_LIMIT}: move detail to docs/"
+
+
+def test_scripts_write_outside_results_unless_told():
+    """results/ holds only the indexed files the docs cite: a script's default output there
+    would fail test_every_results_file_is_indexed for whoever ran the documented command."""
+    for path in ("analyze.py", "bench_kernels.py", "bench.py", "ablate.py", "scripts/profile_step.py",
+                 "scripts/memory_breakdown.py"):
+        src = open(os.path.join(ROOT, path)).read()
+        assert not re.findall(r"default=[\"']results", src), path
