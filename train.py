@@ -44,6 +44,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -298,11 +299,18 @@ def check_config(cfg):
     formatted_out_dir(cfg)
 
 
+def recipe_variant(cfg):
+    """'' for a recipe as its preset is, else '_' and each override (recipe_rht=wgrad ->
+    '_rht-wgrad'): out_dir's {variant}, so that a config's ablation arms get folders of their own."""
+    return "".join(f"_{k[len('recipe_'):]}-" + re.sub(r"[^\w.+-]", "-", str(v))
+                   for k, v in cfg.items() if k in RECIPE_KEYS and v is not None)
+
+
 def formatted_out_dir(cfg):
-    """out_dir with its {key} templates filled in from the config; a one-line error if it is not
-    such a template or comes out empty."""
+    """out_dir with its {key} templates filled in from the config ({variant}: recipe_variant);
+    a one-line error if it is not such a template or comes out empty."""
     try:
-        out_dir = cfg["out_dir"].format(**cfg)
+        out_dir = cfg["out_dir"].format(**cfg, variant=recipe_variant(cfg))
     except (KeyError, IndexError, ValueError) as e:
         raise ConfigError(f"out_dir={cfg['out_dir']!r} is not a template of config keys "
                           f"({type(e).__name__}: {e}): write e.g. 'out/run_{{recipe}}'") from None

@@ -1,7 +1,7 @@
 # The CPU-sized dense GPT shared by configs/gpt_<recipe>.py (each of those only sets `recipe`).
 # 4 layers, d=128, SwiGLU MLP (the MoE's active size), context 128, on character-level Shakespeare.
 # The same budget as configs/_moe_small.py (the MoE flagship), for dense-vs-MoE comparisons.
-out_dir = "out/gpt_small_{recipe}"
+out_dir = "out/gpt_small_{recipe}{variant}"
 dataset = "shakespeare_char"
 batch_size = 16
 block_size = 128

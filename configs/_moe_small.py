@@ -8,7 +8,7 @@
 # spin): 11 minutes with a test suite running beside it; run parallel jobs with OMP_NUM_THREADS=1.
 from configs._gpt_small import *  # noqa: F401,F403
 
-out_dir = "out/moe_small_{recipe}"
+out_dir = "out/moe_small_{recipe}{variant}"
 n_expert = 8
 top_k = 2
 router = "softmax"

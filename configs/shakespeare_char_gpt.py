@@ -5,7 +5,7 @@
 # LayerNorm, learned positions, tied embeddings).
 # nanoGPT reports a val loss of about 1.47 after 5000 iterations: the bf16 acceptance run on a GPU.
 # Any recipe: --recipe=ufp4 (384 is a multiple of 16 and of the RHT size).
-out_dir = "out/shakespeare_char_gpt_{recipe}"
+out_dir = "out/shakespeare_char_gpt_{recipe}{variant}"
 dataset = "tinyshakespeare_char"
 dataset_tokenizer = "char"
 recipe = "bf16"

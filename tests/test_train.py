@@ -1287,6 +1287,17 @@ def test_unknown_dataset_is_one_line(ds, tmp_path):
 # -----------------------------------------------------------------------------
 # every config value in range before anything starts
 
+def test_a_configs_ablation_arms_get_folders_of_their_own():
+    """{variant} in the configs' out_dir: each recipe override in the folder's name, so the
+    README's ablation one-liners do not meet in one folder (the second refused it as taken)."""
+    name = lambda *a: train.formatted_out_dir(train.get_config(["configs/gpt_ufp4.py", *a]))
+    assert name() == "out/gpt_small_ufp4"
+    assert name("--recipe_rht=fprop,wgrad") == "out/gpt_small_ufp4_rht-fprop-wgrad"
+    assert name("--recipe_format=int4/16/e8m0", "--recipe_sr_dy=False") == \
+        "out/gpt_small_ufp4_format-int4-16-e8m0_sr_dy-False"
+    assert name("--recipe_rht=wgrad", "--out_dir=out/x") == "out/x"
+
+
 @pytest.mark.parametrize("arg, msg", [
     ("--learning_rate=-1", r"learning_rate=-1.0 is out of range: it must be > 0"),
     ("--learning_rate=1e39", r"learning_rate=1e\+39 is out of range.*float32"),

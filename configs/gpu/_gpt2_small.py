@@ -3,7 +3,7 @@
 # For one H200, or `torchrun --standalone --nproc_per_node=N train.py ...` with N in 1, 2, 4, 8:
 # gradient_accumulation_steps is global (divided among processes), so tokens/iter stay 131,072.
 # Each configs/gpu/gpt2_small_<recipe>.py only sets `recipe`.
-out_dir = "out/gpt2_small_{recipe}"
+out_dir = "out/gpt2_small_{recipe}{variant}"
 dataset = "literature"
 vocab_size = 50304           # GPT-2's 50257 padded to a multiple of 64
 block_size = 1024

@@ -5,7 +5,7 @@
 # of 8 x 1024. Fits one H200 (fp32 master weights and AdamW state: about 20 GB).
 from configs.gpu._gpt2_small import *  # noqa: F401,F403
 
-out_dir = "out/wide_gpt_{recipe}"
+out_dir = "out/wide_gpt_{recipe}{variant}"
 n_layer = 24
 n_head = 16
 n_embd = 2048
