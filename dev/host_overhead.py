@@ -60,6 +60,8 @@ def cpu_stub():
 
 
 def main():
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        return print(__doc__)
     if not torch.cuda.is_available() or "--cpu-stub" in sys.argv:
         return cpu_stub()
     dev = "cuda"

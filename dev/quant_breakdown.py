@@ -79,6 +79,8 @@ def main():
     p.add_argument("--tiles", action="store_true", help="try tile configs on dy's SR quantizations")
     p.add_argument("--sr_only", action="store_true", help="only the SR operands (dy)")
     args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: quant_breakdown.py times CUDA kernels and needs a CUDA GPU")
     rounds = args.philox_rounds
     with kernels.philox_rounds(rounds) if rounds is not None else contextlib.nullcontext():
         breakdown(args)

@@ -4,6 +4,8 @@ says. These break silently when a measurement is replaced or a doc is edited."""
 import fnmatch
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -116,3 +118,18 @@ def test_scripts_write_outside_results_unless_told():
                  "scripts/memory_breakdown.py"):
         src = open(os.path.join(ROOT, path)).read()
         assert not re.findall(r"default=[\"']results", src), path
+
+
+@pytest.mark.parametrize("cmd, out", [
+    (["tests/gpu/check_kernels.py", "--help"], "--part=k/n"),
+    (["dev/host_overhead.py", "--help"], "--cpu-stub"),
+    (["dev/quant_breakdown.py"], "error: quant_breakdown.py times CUDA kernels and needs a CUDA GPU"),
+])
+def test_gpu_tools_the_docs_cite_answer_on_a_cpu(cmd, out):
+    """On a machine without a GPU: their options (help before the skip), or one line, not a
+    traceback."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    p = subprocess.run([sys.executable] + cmd, cwd=ROOT, capture_output=True, text=True)
+    assert out in p.stdout + p.stderr and "Traceback" not in p.stderr, p.stderr

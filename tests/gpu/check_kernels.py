@@ -21,6 +21,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+if {"-h", "--help"} & set(sys.argv[1:]):   # (before the skip: the options show on any machine)
+    print(__doc__)
+    sys.exit(0)
 if not torch.cuda.is_available():
     print("skip: no CUDA device")
     sys.exit(0)
