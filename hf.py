@@ -448,7 +448,7 @@ def load_hf(hf_dir, block_size=None):
     if block_size is not None:
         if args["pos_emb"] == "learned" and block_size > args["block_size"]:
             raise HFError(f"block_size={block_size} exceeds the model's {args['block_size']} "
-                          f"learned positions")
+                          f"learned positions: pass --block_size={args['block_size']} or less")
         args["block_size"] = block_size
         if "wpe.weight" in sd:
             sd["wpe.weight"] = sd["wpe.weight"][:block_size].clone()

@@ -198,7 +198,7 @@ def test_import_notes_approximations_and_cuts_positions(tmp_path, capsys):
     idx = torch.randint(0, 80, (2, 16))
     diff = (logits(ours, idx) - theirs(idx).logits).abs().max().item()
     assert 0 < diff < 1e-2   # exact vs tanh GELU: close, not equal
-    with pytest.raises(hf.HFError, match="exceeds"):
+    with pytest.raises(hf.HFError, match="exceeds the model.s 64 learned positions: pass --block_size=64 or less"):
         hf.load_hf(folder, block_size=128)
 
 def test_import_refuses_what_model_py_cannot_express(tmp_path):
