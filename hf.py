@@ -310,7 +310,8 @@ def tokenizer_of(hf_dir):
         return "char", meta["itos"]
     if meta.get("tokenizer") == "gpt2":
         return "gpt2", None
-    if len(read("vocab.json")) == 50257 and os.path.isfile(os.path.join(hf_dir, "merges.txt")):
+    from data.common import GPT2_VOCAB_SIZE
+    if len(read("vocab.json")) == GPT2_VOCAB_SIZE and os.path.isfile(os.path.join(hf_dir, "merges.txt")):
         return "gpt2", None
     files = [f for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
              if os.path.isfile(os.path.join(hf_dir, f))]

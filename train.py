@@ -601,7 +601,7 @@ def setup_data(run):
             t = time.time()
             try:
                 if inputs:
-                    data.prepare.prepare(inputs, run.data_path, c.dataset_tokenizer or "char")
+                    data.prepare.prepare(inputs, run.data_path, build_tokenizer(c))
                 else:
                     data.prepare_dataset(c.dataset, data_dir=c.data_dir, force=True)
             except (RuntimeError, ValueError, OSError) as e:   # each names the dataset or file
@@ -628,6 +628,16 @@ def dataset_inputs(c):
     return [p for p in c.dataset_input.split(",") if p]
 
 
+def build_tokenizer(c):
+    """The tokenizer a build from --dataset_input uses ("" is char)."""
+    return c.dataset_tokenizer or "char"
+
+
+def built_from(meta):
+    """(sha256 of each input file, tokenizer): what a dataset's meta.json says it was built from."""
+    return [i.get("sha256") for i in meta.get("inputs", [])], meta.get("tokenizer")
+
+
 def refuse_resume_rebuild(run, inputs):
     """A resume may rebuild its dataset only into the data its checkpoint was trained on: any
     other rebuild would fail resume's data check after replacing the data of other runs."""
@@ -635,9 +645,7 @@ def refuse_resume_rebuild(run, inputs):
     trained = ckpt.get("meta")
     if not inputs or not trained or c.dataset != ckpt["config"].get("dataset"):
         return   # (without inputs, a named dataset is rebuilt from its own source)
-    have = [i.get("sha256") for i in trained.get("inputs", [])], trained.get("tokenizer")
-    want = [sha256_file(p) for p in inputs], c.dataset_tokenizer or "char"
-    if have != want:
+    if built_from(trained) != ([sha256_file(p) for p in inputs], build_tokenizer(c)):
         raise CheckpointError(f"--dataset_input would rebuild dataset {c.dataset!r} in "
                               f"{run.data_path} from files or a tokenizer other than {src} was "
                               f"trained on, and resume would then refuse it: nothing was rebuilt; "
@@ -671,9 +679,7 @@ def dataset_needs_build(c, path):
         return "its meta.json is unreadable"
     if not inputs:
         return ""
-    have = [i.get("sha256") for i in meta.get("inputs", [])], meta.get("tokenizer")
-    want = digests, c.dataset_tokenizer or "char"
-    if have != want:
+    if built_from(meta) != (digests, build_tokenizer(c)):
         return (f"it was built from other files or another tokenizer ({meta.get('tokenizer')}) "
                 f"than --dataset_input/--dataset_tokenizer give now: rebuilding")
     return ""
