@@ -17,7 +17,9 @@ nanofp4.json with the checkpoint's model_args, recipe, iteration and dataset met
   Tokenizer: a GPT-2 BPE dataset gives GPT-2's tokenizer (vocab.json and merges.txt, the files
   tiktoken uses, provisioned offline by data.common); a char dataset gives a tokenizer.json that
   maps each character to its id (tokenizers' WordLevel, one token per character) plus
-  char_vocab.json ({"itos": [...]}, index = token id).
+  char_vocab.json ({"itos": [...]}, index = token id). Into a folder that holds an earlier
+  export, export first removes that export's tokenizer files (TOKENIZER_FILES, and only those), so
+  the folder describes the one tokenizer written now (or none); other files there are kept.
 
 What is exported is the high-precision (fp32) master weights, i.e. the model's unquantized
 forward: transformers runs plain matmuls, not the FP4 recipe the model was trained with. The two
@@ -45,6 +47,11 @@ import torch
 
 FP32_EPS = torch.finfo(torch.float32).eps   # nn.RMSNorm's eps (None) on fp32 activations
 GPT2_LN_EPS = 1e-5                          # nn.LayerNorm's default, GPT-2's too
+
+# The files by which an export says its tokenizer (nanofp4.json by its dataset meta). Export
+# removes them before writing: an earlier export's other tokenizer must not stay beside the new one.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "char_vocab.json", "nanofp4.json")
 
 class HFError(ValueError):
     pass
@@ -233,6 +240,9 @@ def export(src, hf_dir, dtype="float32"):
     meta = ckpt.get("meta")
     state = (llama_state if kind == "llama" else gpt2_state)(ckpt["model"], cfg)
     os.makedirs(hf_dir, exist_ok=True)
+    old = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(hf_dir, f))]
+    for f in old:   # only files an export writes: anything else in the folder stays
+        os.remove(os.path.join(hf_dir, f))
     hf_config(cfg, kind, meta, dtype).save_pretrained(hf_dir)
     state = {k: v.detach().to(getattr(torch, dtype)).contiguous().clone() for k, v in state.items()}
     save_file(state, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
@@ -242,6 +252,9 @@ def export(src, hf_dir, dtype="float32"):
                 meta=meta, weights="fp32 master weights (the unquantized forward)")
     with open(os.path.join(hf_dir, "nanofp4.json"), "w") as f:
         json.dump(info, f, indent=1)
+    gone = [f for f in old if not os.path.exists(os.path.join(hf_dir, f))]   # not written again
+    if gone:
+        tok += f"; removed the earlier export's {', '.join(gone)}"
     arch = "LlamaForCausalLM" if kind == "llama" else "GPT2LMHeadModel"
     return f"{hf_dir}: {arch}, {sum(v.numel() for v in state.values()) / 1e6:.2f}M {dtype} " \
            f"params from {src} (recipe {ckpt.get('recipe')}, iter {ckpt.get('iter_num')}); {tok}"

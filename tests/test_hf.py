@@ -148,6 +148,37 @@ def test_export_checks_the_checkpoint_and_keeps_out_of_run_folders(tmp_path):
     with pytest.raises(hf.HFError, match="is a file: export into a folder"):
         hf.export(run, str(tmp_path / "a_file"))
 
+@pytest.mark.parametrize("first,second", [("gpt2", "char"), ("char", "gpt2"), ("char", None),
+                                          ("gpt2", None)])
+def test_export_over_an_earlier_export_leaves_only_its_own_tokenizer(tmp_path, first, second):
+    """An earlier export's tokenizer files would make the folder describe two tokenizers (or one
+    the model does not use, None: a checkpoint without dataset meta): export removes them, and
+    only them; the folder ends as a fresh export leaves it, plus the user's own file."""
+    from data.common import GPT2_EOT
+    model = small_model("gpt2", tie=True)
+    def export(tok, hf_dir):
+        if tok is None:
+            src = hf.save_weights(model.state_dict(), str(tmp_path / "bare.safetensors"),
+                                  metadata=dict(model_args=dataclasses.asdict(model.config)))
+        else:
+            meta = dict(tokenizer="gpt2", vocab_size=50257, eot_token=GPT2_EOT) if tok == "gpt2" \
+                else None
+            src = save_ckpt(model, str(tmp_path / f"run_{tok}"), meta=meta)
+        return hf.export(src, str(tmp_path / hf_dir))
+    export(first, "fresh_first")
+    export(second, "fresh_second")
+    export(first, "hf")
+    (tmp_path / "hf" / "notes.txt").write_text("mine")
+    summary = export(second, "hf")
+    files = set(os.listdir(tmp_path / "hf"))
+    assert files == set(os.listdir(tmp_path / "fresh_second")) | {"notes.txt"}
+    assert (tmp_path / "hf" / "notes.txt").read_text() == "mine"
+    assert hf.tokenizer_of(str(tmp_path / "hf"))[0] == second
+    stale = sorted(set(os.listdir(tmp_path / "fresh_first")) - files)
+    assert stale and summary.endswith("removed the earlier export's " + ", ".join(
+        f for f in hf.TOKENIZER_FILES if f in stale))
+    assert "removed" not in export(second, "hf")   # the same tokenizer again: nothing stale
+
 def hf_model(kind, tmp_path, **kw):
     """A small random transformers model saved to a folder, its weights perturbed."""
     if kind == "llama":
