@@ -212,6 +212,10 @@ RANGES = dict(  # checked before anything starts; GPTConfig and fp4.make_recipe 
 class NonFiniteError(RuntimeError):
     pass
 
+
+class PeerFailed(RuntimeError):
+    """Another rank failed and printed its error: this rank stops with one line."""
+
 # -----------------------------------------------------------------------------
 # config: defaults, then config files, then --key=value
 
@@ -579,9 +583,28 @@ def wandb_metrics(rec):
 # data and model
 
 
-def setup_data(run):
-    """The dataset (prepared by rank 0 on first use, or again when its inputs changed), its meta,
-    the train loader."""
+@contextlib.contextmanager
+def rank0_first(run):
+    """Work that rank 0 alone does (out_dir's checks, the dataset) while the others wait on
+    prep_group, as long as a dataset build takes. They learn whether it failed and stop with one
+    line, rather than a traceback of a collective whose peer is gone that buries rank 0's error."""
+    def all_ok(ok):
+        if not run.ddp:
+            return ok
+        flag = torch.tensor([int(ok)])
+        torch.distributed.all_reduce(flag, torch.distributed.ReduceOp.MIN, group=run.prep_group)
+        return bool(flag.item())
+    try:
+        yield
+    except Exception:
+        all_ok(False)
+        raise
+    if not all_ok(True):
+        raise PeerFailed(f"rank {run.rank}: stopping, another rank failed")
+
+
+def prepare_data(run):
+    """The dataset, prepared by rank 0 on first use, or again when its inputs changed."""
     c = run.c
     run.data_path = os.path.join(c.data_dir, c.dataset)
     inputs = dataset_inputs(c)
@@ -607,8 +630,11 @@ def setup_data(run):
             except (RuntimeError, ValueError, OSError) as e:   # each names the dataset or file
                 raise ConfigError(str(e)) from None
             run.log(f"dataset prepared in {time.time() - t:.1f}s")
-    if run.ddp:
-        torch.distributed.barrier(group=run.prep_group)
+
+
+def setup_data(run):
+    """The prepared dataset's meta, the train loader."""
+    c, inputs = run.c, dataset_inputs(run.c)
     try:
         run.meta = data.load_meta(run.data_path)
     except (ValueError, OSError) as e:
@@ -1342,7 +1368,9 @@ def main(argv=None):
     setup_processes(run)
     try:
         torch.set_flush_denormal(True)  # CPU: ops on denormal floats (tiny grads) are ~100x slower
-        take_out_dir(run)
+        with rank0_first(run):
+            take_out_dir(run)
+            prepare_data(run)
         setup_data(run)
         setup_model(run)
         if run.c.init_from == "resume":
@@ -1393,6 +1421,9 @@ if __name__ == "__main__":
         main()
     except (ConfigError, CheckpointError, NonFiniteError) as e:
         print(f"error: {e}", file=sys.stderr)
+        _exit(1)
+    except PeerFailed as e:   # (the rank that failed printed its error)
+        print(e, file=sys.stderr)
         _exit(1)
     except KeyboardInterrupt:   # (main said where the run stands)
         _exit(130)

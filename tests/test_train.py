@@ -445,7 +445,7 @@ def _free_port():
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-def _launch_ddp(ds, out, **kw):
+def _launch_ddp(ds, out, script=os.path.join(ROOT, "tests", "train_helpers.py"), **kw):
     """2 gloo processes (tests/train_helpers.py: GlobalBatchLoader) in one new process group,
     rank 0 its leader, so that os.killpg(procs[0].pid, ...) ends the whole job."""
     port, procs = _free_port(), []
@@ -454,7 +454,7 @@ def _launch_ddp(ds, out, **kw):
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         group = procs[0].pid if procs else 0   # 0: a new group, led by rank 0
         procs.append(subprocess.Popen(
-            [PY, os.path.join(ROOT, "tests", "train_helpers.py")] + tiny_args(ds, str(out), **kw),
+            [PY, script] + tiny_args(ds, str(out), **kw),
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=group))
     return procs
 
@@ -634,6 +634,24 @@ def test_ddp_failing_rank_ends_the_job_with_its_error(ds, tmp_path, fail_rank):
     assert time.time() - t < 90
     assert all(p.returncode != 0 for p in procs), outs
     assert f"RuntimeError: debug_fail_at_iter: rank {fail_rank} fails at iter 3" in outs[fail_rank]
+
+@pytest.mark.parametrize("case", ["unknown dataset", "out_dir holds a run"])
+def test_ddp_error_of_rank_0_before_training_is_one_clear_line(ds, trained, tmp_path, case):
+    """Rank 0 alone checks out_dir and prepares the dataset while the others wait: its error is
+    the one shown, not buried under the others' tracebacks of a collective that lost its peer."""
+    data, out = (tmp_path / "data" / "nosuch", tmp_path / "out") if case == "unknown dataset" \
+        else (ds, trained)
+    procs = _launch_ddp(str(data), out, script=os.path.join(ROOT, "train.py"),
+                        gradient_accumulation_steps=2)
+    try:
+        outs = [p.communicate(timeout=90)[0] for p in procs]
+    finally:
+        _kill_ddp(procs)
+    assert all(p.returncode == 1 for p in procs), outs
+    assert ("error: unknown dataset 'nosuch'" if case == "unknown dataset" else
+            f"error: out_dir {trained} holds a run") in outs[0], outs
+    assert outs[1].strip() == "rank 1: stopping, another rank failed", outs
+    assert "Traceback" not in "".join(outs), outs
 
 # -----------------------------------------------------------------------------
 # checkpoints and non-finite steps
