@@ -15,7 +15,8 @@
 #   fp8_medium, fp8_large  bf16 against mxfp4 on FP8 GEMMs at GPT-2 medium (24 x 1024) and large
 #            (36 x 1280) sizes: between GPT-2 small and the wide model, where FP8 GEMMs start to pay
 #   fp8_moe_large, fp8_moe_wide  the same for the MoE at GPT-2 large's size and at the wide
-#            model's (8 experts of hidden 2560 and 4096, top-2)
+#            model's (8 experts of hidden 2560 and 4096, top-2); the wide one needs an H200's
+#            memory (on an H100 bf16 ran out at its first AdamW step)
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
 #            eager; results/kernels/fp8_window_mxint4.md): about 6 minutes
