@@ -420,25 +420,27 @@ def _per_side(value, kind, name):
     raise ValueError(f"{name} must be one value for both sides or a (row, col) pair, got {value!r}")
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
-                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None):
+                  rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None,
+                  fp8_scale=None):
     """A 2D tensor [M, K] quantized row-wise (blocks along dim 1) and column-wise (along dim 0),
     each side with its own format, rounding, RHT and seed (fmt_col, rounding_col: the row side's
     unless given; rht_col "same": rht). Returns (row, col): fake_quant's result, quantize's where
     `packed` (a bool, or one per side) says so, to_fp8's where `fp8` (an FP8 dtype, or one dtype
-    or None per side) gives a dtype. Here two calls; kernels.py reads x once."""
+    or None per side) gives a dtype, with to_fp8's scale from fp8_scale (one for both sides, or
+    one per side). Here two calls; kernels.py reads x once."""
     fmt, fmt_col, rht, rht_col, pr, pc = quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed, dtype)
     kernels = kernels_for(x)
     if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
-                                     seed_col, (pr, pc), dtype, fp8)
-    f8r, f8c = check_fp8_sides(fmt, fmt_col, pr, pc, fp8)
+                                     seed_col, (pr, pc), dtype, fp8, fp8_scale)
+    f8r, f8c, sr_, sc_ = check_fp8_sides(fmt, fmt_col, pr, pc, fp8, fp8_scale)
     out = []
-    for f, d, r, h, s, p, f8 in ((fmt, 1, rounding, rht, seed, pr, f8r),
-                                 (fmt_col, 0, rounding_col or rounding, rht_col, seed_col, pc, f8c)):
+    for f, d, r, h, s, p, f8, f8s in ((fmt, 1, rounding, rht, seed, pr, f8r, sr_),
+                                      (fmt_col, 0, rounding_col or rounding, rht_col, seed_col, pc, f8c, sc_)):
         if p:
             out.append(quantize(x, f, d, r, h, s))
         elif f8:
-            out.append(to_fp8(x, f, d, r, h, s, f8))
+            out.append(to_fp8(x, f, d, r, h, s, f8, f8s))
         else:
             out.append(fake_quant(x, f, d, r, h, s, dtype))
     return tuple(out)
@@ -513,6 +515,10 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # 7 * 2^13 = 57344 (e5m2); both grids' values (at most 7 and 6) fit
 FP8_ROOM = {E4M3: 6, E5M2: 13}
 FP8_MIN_EXP = -126  # the decode scale stays a normal fp32 number
+# Fprop's x under Recipe.fp8_x_scale "unit": e5m2 at decode scale 1, set without reading x. Exact
+# for block scales up to 2^13 and down to e5m2's subnormals (2^-16 per grid step: block maxima
+# from about 1e-4 up); a block above is NaN (a non-finite loss, never a clipped value)
+FP8_UNIT_X = (E5M2, 1.0)
 
 def fp8_bound(rht):
     """log2 of the bound on how much a size-rht RHT can grow an element: each output is a signed sum of
@@ -545,33 +551,55 @@ def check_fp8(fmt, fp8):
         raise ValueError(f"fp8 must be torch.float8_e4m3fn or torch.float8_e5m2, got {fp8}")
     return fmt
 
-def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8):
+def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8, fp8_scale=None):
     """quantize_both's fp8 argument (None, an FP8 dtype for both sides, or one dtype or None per
-    side) checked: -> (row, col)."""
+    side) and fp8_scale (to_fp8's scale: one for both, or one per side) checked: -> (row dtype,
+    col dtype, row scale, col scale)."""
     f8r, f8c = _per_side(fp8, torch.dtype, "fp8")
-    for f, p, f8 in ((fmt, packed, f8r), (fmt_col, packed_col, f8c)):
+    sr, sc = _per_side(fp8_scale, (int, float), "fp8_scale")
+    for f, p, f8, s in ((fmt, packed, f8r, sr), (fmt_col, packed_col, f8c, sc)):
         if f8 and p:
             raise ValueError("a side is either packed or FP8, not both")
         if f8:
             check_fp8(f, f8)
-    return f8r, f8c
+        if s is not None and not f8:
+            raise ValueError(f"fp8_scale {s!r} is given for a side that is not FP8: give its fp8 dtype")
+        check_fp8_given_scale(s)
+    return f8r, f8c, sr, sc
 
-def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3):
+def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, scale=None):
     """x quantized as quantize() quantizes it, as (values, scale): FP8 values of x's shape with
     `dim` contiguous in memory (the layout torch._scaled_mm wants of a GEMM operand reduced along
     it), and the fp32 decode scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
     bit for bit except in blocks more than the FP8 window below the scale's bound
-    (fp8_inexact_blocks)."""
+    (fp8_inexact_blocks). scale: a given power-of-two decode scale instead of fp8_scale's (no
+    pass over x for its amax); a block whose scale is above that window (values past the FP8
+    maximum) is NaN, never clipped."""
     fmt = check_fp8(fmt, fp8)
     dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
+    check_fp8_given_scale(scale)
     kernels = kernels_for(x)
     if kernels:
-        return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8)
+        return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8,
+                              scale=scale)
     q = quantize(x, fmt, dim, rounding, rht, seed)
-    scale = fp8_scale(x.abs().amax() if x.numel() else x.new_zeros(()), fmt, fp8, rht)
-    values = (dequantize(q, torch.float32).movedim(dim, -1) / scale).to(fp8)
-    return values.movedim(-1, dim), scale
+    values = dequantize(q, torch.float32).movedim(dim, -1)
+    if scale is None:
+        scale = fp8_scale(x.abs().amax() if x.numel() else x.new_zeros(()), fmt, fp8, rht)
+    else:
+        over = (q.scales.float() > scale * 2.0 ** FP8_ROOM[fp8]).repeat_interleave(fmt.block, -1)
+        values = values.masked_fill(over, float("nan"))
+        scale = x.new_tensor(scale, dtype=torch.float32)
+    return (values / scale).to(fp8).movedim(-1, dim), scale
+
+def check_fp8_given_scale(scale):
+    """to_fp8's scale: None, or a positive power of two (a Python float) that fp32 holds."""
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and 0 < scale < math.inf and math.frexp(scale)[0] == 0.5
+                                  and 2.0 ** FP8_MIN_EXP <= scale <= 2.0 ** 127):
+        raise ValueError(f"an FP8 decode scale must be None (from the tensor's amax) or a power of "
+                         f"two from 2^{FP8_MIN_EXP} to 2^127, got {scale!r}")
 
 def fp8_from_packed(q, fp8=E4M3):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
@@ -650,6 +678,8 @@ class Recipe:
                                    # of the exact mode (docs/formats.md)
     fp8_wgrad_x: str = "packed"    # how forward keeps Wgrad's x on FP8 GEMMs: "packed" (half a byte an
                                    # element, made FP8 in backward) or "fp8" (a byte: faster, more memory)
+    fp8_x_scale: str = "amax"      # Fprop's x on FP8 GEMMs: "amax" (e4m3, its scale from a pass over x)
+                                   # or "unit" (e5m2 at scale 1: no pass; an absolute window, FP8_UNIT_X)
 
     def __post_init__(self):  # a Recipe built directly (not by make_recipe) is checked too
         _check_types(self, Gemm, *GEMMS)
@@ -662,6 +692,9 @@ class Recipe:
         if self.fp8_wgrad_x not in ("packed", "fp8"):
             raise ValueError(f"fp8_wgrad_x must be 'packed' (4-bit codes + scales) or 'fp8' (e4m3), "
                              f"got {self.fp8_wgrad_x!r}")
+        if self.fp8_x_scale not in ("amax", "unit"):
+            raise ValueError(f"fp8_x_scale must be 'amax' (e4m3 scaled by x's amax) or 'unit' (e5m2 "
+                             f"at scale 1), got {self.fp8_x_scale!r}")
         if self.rht_size not in RHT_SIZES:
             raise ValueError(f"rht_size must be one of {RHT_SIZES}, got {self.rht_size}")
         if not set(self.fp8_fast_accum) <= set(GEMMS):
@@ -705,13 +738,15 @@ def _gemm_names(value, key):
     return tuple(g for g in GEMMS if g in on)
 
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
-                bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None, fp8_wgrad_x=None):
+                bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None, fp8_wgrad_x=None,
+                fp8_x_scale=None):
     """A preset, with ablation overrides (None keeps the preset's choice):
     fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
     list of GEMMs ('fprop,wgrad' or 'fprop/wgrad'); sr_dy: stochastic rounding on dy in Dgrad
     and Wgrad; fp8_gemm: True runs power-of-two-scaled formats on FP8 GEMMs (opt-in);
     fp8_fast_accum: the FP8 GEMMs that accumulate in fast mode, a list as for rht; fp8_wgrad_x:
-    'packed' or 'fp8', how an FP8-GEMM layer keeps Wgrad's x from forward to backward."""
+    'packed' or 'fp8', how an FP8-GEMM layer keeps Wgrad's x from forward to backward;
+    fp8_x_scale: 'amax' or 'unit', how it scales Fprop's x (Recipe.fp8_x_scale)."""
     if isinstance(name, Recipe):
         r = name
     elif name in RECIPES:
@@ -739,7 +774,7 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     fast = _gemm_names(fp8_fast_accum, "fp8_fast_accum") if fp8_fast_accum is not None else None
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
                      bf16_last=bf16_last, fp8_gemm=fp8_gemm, fp8_fast_accum=fast,
-                     fp8_wgrad_x=fp8_wgrad_x).items():
+                     fp8_wgrad_x=fp8_wgrad_x, fp8_x_scale=fp8_x_scale).items():
         if v is not None:
             changes[k] = v
     if bf16_last is not None:
@@ -756,7 +791,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
                          f"{[getattr(out, g).fmt for g in GEMMS]}, weight_2d={out.weight_2d}: pick "
                          f"mxfp4, mxint4 or a 'grid/block/e8m0' format, or leave fp8_gemm off")
     for key, value, asks_fp8 in (("fp8_fast_accum", fp8_fast_accum, fast),
-                                 ("fp8_wgrad_x", fp8_wgrad_x, fp8_wgrad_x == "fp8")):
+                                 ("fp8_wgrad_x", fp8_wgrad_x, fp8_wgrad_x == "fp8"),
+                                 ("fp8_x_scale", fp8_x_scale, fp8_x_scale == "unit")):
         if asks_fp8 and not out.fp8_gemm:
             raise ValueError(f"{key}={value!r} only changes FP8 GEMMs: add fp8_gemm=True "
                              f"(recipe_fp8_gemm), or leave {key} out")
@@ -832,14 +868,15 @@ def _operands(recipe, seeds):
 def _quantize_operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
     """Operand t as its GEMM sees it: fake-quantized along its reduction dim `dim`, or as is.
     packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit); fp8
-    (an FP8 dtype): to_fp8's (values, scale). Inside probe_alphas() it is recorded under
+    (an FP8 dtype, or (dtype, given scale) as FP8_UNIT_X): to_fp8's (values, scale). Inside probe_alphas() it is recorded under
     (layer tag, op.name), an FP8 operand with its blocks out of the FP8 window."""
     if not op.gemm.fmt:
         return t.to(dtype)
     fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr, op.weight)
     how = dict(dim=dim, rounding=rounding, rht=rht, seed=op.seed)
     if fp8:
-        q = to_fp8(t, fmt, fp8=fp8, **how)
+        f8, f8_scale = _fp8_spec(fp8)
+        q = to_fp8(t, fmt, fp8=f8, scale=f8_scale, **how)
     elif packed:
         q = quantize(t, fmt, **how)
     else:
@@ -853,16 +890,22 @@ def _quantize_operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
             _record_probe((tag, op.name), ref, dequantize(q, dtype) if packed else q)
     return q
 
+def _fp8_spec(fp8):
+    """An operand's FP8 request -> (dtype, given decode scale): None, a dtype (its scale from the
+    amax) or a (dtype, scale) pair such as FP8_UNIT_X."""
+    return tuple(fp8) if isinstance(fp8, tuple) else (fp8, None)
+
 def _quantize_operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
     """_quantize_operand(t, row) along dim -1 and _quantize_operand(t, col) along dim 0 (packed
-    where packed_col; fp8: None, or the (row, col) FP8 dtypes, None for a side not in FP8): on the
-    Triton path from one read of t (kernels.quantize_both, the same bits as two calls) when both
-    sides quantize; else two calls."""
+    where packed_col; fp8: None, or the (row, col) FP8 requests as _quantize_operand takes them,
+    None for a side not in FP8): on the Triton path from one read of t (kernels.quantize_both, the
+    same bits as two calls) when both sides quantize; else two calls."""
     f8r, f8c = fp8 or (None, None)
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = (_qparams(o.gemm, recipe, o.sr, o.weight) for o in (row, col))
+        (dr, sr), (dc, sc) = _fp8_spec(f8r), _fp8_spec(f8c)
         return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
-                             (f8r, f8c))
+                             (dr, dc), (sr, sc))
     return (_quantize_operand(t, row, recipe, -1, dtype, tag, fp8=f8r),
             _quantize_operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c))
 
@@ -1034,17 +1077,19 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq
     """Fprop: y = Q(x) Q(W)^T, reduction over `in`. With pack_x, also Wgrad's Q(x), quantized
     along the padded tokens now, while x is at hand, so x need not be kept: a QTensor (on FP8
     GEMMs too: backward turns it into FP8 with fp8_from_packed), or its e4m3 (values, scale)
-    where _wgrad_x_fp8. fp8: x and W in e4m3. wq: Q(W) as FP4Linear.cache_weight made it, else W
-    is quantized here. aligned: the expert groups need no padding (GroupedLinear.forward)."""
+    where _wgrad_x_fp8. fp8: x and W in e4m3 (x in e5m2 at scale 1 under fp8_x_scale "unit").
+    wq: Q(W) as FP4Linear.cache_weight made it, else W is quantized here. aligned: the expert
+    groups need no padding (GroupedLinear.forward)."""
     op = _operands(recipe, seeds)
     e4 = E4M3 if fp8 else None
+    x8 = (FP8_UNIT_X if recipe.fp8_x_scale == "unit" else E4M3) if fp8 else None
     xw, packs = None, _packs_wgrad_x(recipe, pack_x)
     xw_fp8 = E4M3 if _wgrad_x_fp8(recipe, fp8) else None
     if packs and _unpadded(x, counts, recipe, dtype, aligned):
         xq, xw = _quantize_operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag,
-                                        packed_col=not xw_fp8, fp8=(e4, xw_fp8))
+                                        packed_col=not xw_fp8, fp8=(x8, xw_fp8))
     else:
-        xq = _quantize_operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=e4)
+        xq = _quantize_operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=x8)
         if packs:
             xw = _quantize_operand(_wgrad_rows(x, counts, recipe, aligned)[0], op.wgrad_x, recipe, 0,
                                    _wgrad_dtype(x, dtype), tag, packed=not xw_fp8, fp8=xw_fp8)

@@ -8,7 +8,7 @@ available, backend not 'torch'); this file imports fp4.py, which imports it back
 
   quantize(x, fmt, dim, rounding, rht, seed)           -> fp4.QTensor (packed codes + scales)
   fake_quant(x, fmt, dim, rounding, rht, seed, dtype)  -> dequantize(quantize(x)) in one pass
-  to_fp8(x, fmt, dim, rounding, rht, seed, fp8)        -> (FP8 values, power-of-two tensor scale)
+  to_fp8(x, fmt, dim, rounding, rht, seed, fp8, scale) -> (FP8 values, power-of-two tensor scale)
                                                           for formats with e8m0 block scales
   quantize_both(x, fmt, ...)                           -> a 2D tensor's row-wise and column-wise
                                                           results from one read of it
@@ -352,7 +352,7 @@ def _off_meta(p):
             p + "ST0": 1.0, p + "ST1": 1.0, p + "ST2": 1.0, p + "I1": 8, p + "I2": 8,
             p + "BLOCK": 16, p + "SCALE": 0, p + "B2D": False, p + "SR": False, p + "RHT": 0,
             p + "INV": 1.0, p + "G": 16, p + "SMASK": -1, p + "SEEDPTR": False, p + "FAKE": False,
-            p + "PACKED": False, p + "FP8": 0}
+            p + "PACKED": False, p + "FP8": 0, p + "FIX": 0.0, p + "OVER": 0.0}
 
 
 def _seed(seed, device):
@@ -555,7 +555,7 @@ def _quant_tile(x, s_enc, fp8_inv, seed, roff, R: tl.constexpr, C: tl.constexpr,
                 ST2: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr,
                 BLOCK: tl.constexpr, SCALE: tl.constexpr, B2D: tl.constexpr, SR: tl.constexpr,
                 CODES: tl.constexpr, DEQ: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr,
-                FP8: tl.constexpr):
+                FP8: tl.constexpr, OVER: tl.constexpr = 0.0):
     """Quantize an fp32 tile [R, C] in blocks along axis 1 (fp4._quantize_blocks, bit for bit).
     Returns codes [R, C] int32 (if CODES), stored scales ([R, C/BLOCK], or [R/BLOCK, C/BLOCK]
     for 2D tiles) and dequantized values [R, C] fp32 (if DEQ; divided by s_enc for e4m3):
@@ -563,7 +563,8 @@ def _quant_tile(x, s_enc, fp8_inv, seed, roff, R: tl.constexpr, C: tl.constexpr,
     step * 2^23: RNE in fp32 = ties to the even grid index; SR as floor(k + u)), then codes and
     values. FP8 (e8m0 scales): the values also times fp8_inv, the inverse FP8 tensor scale,
     folded into each block's scale (one multiply per block, not per element; the same FP8
-    values: the products differ only below fp32's normal range, which FP8 rounds to +-0)."""
+    values: the products differ only below fp32's normal range, which FP8 rounds to +-0).
+    OVER (a given FP8 scale): blocks whose folded scale passes it are NaN, not clipped by the cast."""
     NB: tl.constexpr = C // BLOCK
     xb = tl.reshape(x, [R, NB, BLOCK])
     sc, sc_rows = _block_scales(xb, s_enc, R, NB, BLOCK, QMAX, EMAX, SCALE, B2D)
@@ -590,6 +591,8 @@ def _quant_tile(x, s_enc, fp8_inv, seed, roff, R: tl.constexpr, C: tl.constexpr,
         scr = sc_rows
         if FP8:  # (e8m0 scales: a power of two times a power of two)
             scr = sc_rows * fp8_inv
+            if OVER > 0:
+                scr = tl.where(scr > OVER, float("nan"), scr)
         scb = tl.broadcast_to(scr[:, :, None], [R, NB, BLOCK])
         v = mag * scb  # exact for e4m3 / e8m0 scales; NaN for NaN blocks
         if SCALE == 1:  # / s_enc, kept normal by a power-of-two factor for huge s_enc
@@ -850,7 +853,8 @@ def _store_t(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, EVE
 @triton.jit
 def _side_consts(amax_ptr, senc_ptr, seed, a, r0, pid_c, R, L, BR: tl.constexpr, BC: tl.constexpr,
                  QMAX: tl.constexpr, EMAX: tl.constexpr, SCALE: tl.constexpr, FP8: tl.constexpr,
-                 SR: tl.constexpr, SEEDPTR: tl.constexpr, EPC: tl.constexpr, FIRST):
+                 FIX: tl.constexpr, SR: tl.constexpr, SEEDPTR: tl.constexpr, EPC: tl.constexpr,
+                 FIRST):
     """What a side's tile [BR, BC] needs beside its values (rows r0.. of a [R, L] slab a, blocks
     along L, tile column pid_c): NVFP4's tensor scale s_enc, the inverse FP8 tensor scale, the SR
     seed, and SR's Philox counters (one per EPC draws, distinct across the tensor)."""
@@ -858,7 +862,10 @@ def _side_consts(amax_ptr, senc_ptr, seed, a, r0, pid_c, R, L, BR: tl.constexpr,
     if SCALE == 1:
         s_enc = _s_enc(amax_ptr, senc_ptr, QMAX, FIRST)
     inv = 1.0
-    if FP8 > 0:
+    if FIX > 0:  # a given decode scale: nothing to read first
+        inv = FIX
+        tl.store(senc_ptr, tl.full((), 1.0 / FIX, tl.float32), mask=FIRST)
+    elif FP8 > 0:
         inv = _fp8_inv(amax_ptr, senc_ptr, EMAX, FP8, FIRST)
     roff = 0
     if SR:
@@ -882,14 +889,16 @@ def _quant_kernel(x_ptr, M,
                   R_I1: tl.constexpr, R_I2: tl.constexpr, R_BLOCK: tl.constexpr,
                   R_SCALE: tl.constexpr, R_B2D: tl.constexpr, R_SR: tl.constexpr,
                   R_RHT: tl.constexpr, R_INV: tl.constexpr, R_SMASK: tl.constexpr,
-                  R_SEEDPTR: tl.constexpr, R_FP8: tl.constexpr, DO_COL: tl.constexpr,
+                  R_SEEDPTR: tl.constexpr, R_FP8: tl.constexpr, R_FIX: tl.constexpr,
+                  R_OVER: tl.constexpr, DO_COL: tl.constexpr,
                   C_FAKE: tl.constexpr, C_PACKED: tl.constexpr, C_G: tl.constexpr, C_QMAX: tl.constexpr, C_EMAX: tl.constexpr,
                   C_E2M1: tl.constexpr, C_NSEG: tl.constexpr, C_S1: tl.constexpr, C_S2: tl.constexpr,
                   C_ST0: tl.constexpr, C_ST1: tl.constexpr, C_ST2: tl.constexpr,
                   C_I1: tl.constexpr, C_I2: tl.constexpr, C_BLOCK: tl.constexpr,
                   C_SCALE: tl.constexpr, C_B2D: tl.constexpr, C_SR: tl.constexpr,
                   C_RHT: tl.constexpr, C_INV: tl.constexpr, C_SMASK: tl.constexpr,
-                  C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr):
+                  C_SEEDPTR: tl.constexpr, C_FP8: tl.constexpr, C_FIX: tl.constexpr,
+                  C_OVER: tl.constexpr):
     """x: [A, M, N] contiguous; one [BM, BN] tile per program. N is a constant of the compiled
     kernel: the column side's G loads per group, a row apart, then share one address with
     immediate offsets (docs/kernels.md, instruction counts). Row side: blocks along N (codes
@@ -901,7 +910,8 @@ def _quant_kernel(x_ptr, M,
     FP8 (a side's FP8_ROOM less fp4.fp8_bound of its RHT, at least 2; 0: off): the fake values
     divided by the tensor's power-of-two scale (_fp8_inv, stored in the side's senc) in the
     output's FP8 dtype; the column side then writes them transposed ([A, N, M]: the blocked dim
-    contiguous, as the FP8 GEMM wants).
+    contiguous, as the FP8 GEMM wants). FIX: a given decode scale's inverse (fp4.to_fp8's scale;
+    0: from the amax); OVER (with FIX): 2^FP8_ROOM, above which a block's scale makes it NaN.
     With an e4m3-scaled or FP8 side the tiles go in reverse launch order: the tensor-amax
     pass has just read x in launch order (in its own tiles), so the first tiles here are roughly
     those it read last, still in L2."""
@@ -923,11 +933,12 @@ def _quant_kernel(x_ptr, M,
         if R_RHT > 0:
             xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
         s_enc, inv, seed, roff = _side_consts(r_amax, r_senc, r_seed, a, m0, pid_n, M, N, BM, BN,
-                                              R_QMAX, R_EMAX, R_SCALE, R_FP8, R_SR, R_SEEDPTR,
-                                              EPC, first)
+                                              R_QMAX, R_EMAX, R_SCALE, R_FP8, R_FIX, R_SR,
+                                              R_SEEDPTR, EPC, first)
         code, sc, deq = _quant_tile(xr, s_enc, inv, seed, roff, BM, BN, R_QMAX, R_EMAX, R_E2M1, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
-                                    R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS, RBITS, R_FP8 > 0)
+                                    R_BLOCK, R_SCALE, R_B2D, R_SR, R_PACKED, R_FAKE, ROUNDS, RBITS, R_FP8 > 0,
+                                    R_OVER)
         if R_FAKE:
             _store_rows(r_fake, base, deq, m0, n0, M, N, BM, BN, R_G, ROWLOAD, EVEN)
         if R_PACKED:
@@ -937,11 +948,12 @@ def _quant_kernel(x_ptr, M,
         if C_RHT > 0:
             xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
         s_enc, inv, seed, roff = _side_consts(c_amax, c_senc, c_seed, a, n0, pid_m, N, M, BN, BM,
-                                              C_QMAX, C_EMAX, C_SCALE, C_FP8, C_SR, C_SEEDPTR,
-                                              EPC, first)
+                                              C_QMAX, C_EMAX, C_SCALE, C_FP8, C_FIX, C_SR,
+                                              C_SEEDPTR, EPC, first)
         code, sc, deq = _quant_tile(xc, s_enc, inv, seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
-                                    C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS, RBITS, C_FP8 > 0)
+                                    C_BLOCK, C_SCALE, C_B2D, C_SR, C_PACKED, C_FAKE, ROUNDS, RBITS, C_FP8 > 0,
+                                    C_OVER)
         if C_FAKE and C_FP8 > 0:
             _store_t(c_fake, base, deq, m0, n0, M, N, BM, BN, EVEN)
         elif C_FAKE:
@@ -1147,8 +1159,8 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 @functools.lru_cache(maxsize=None)
 def _quant_meta(row_sig, col_sig, N, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
-    RHT, seed in memory, packed, FP8 dtype; None when off), and the same as the launch cache's key: built
-    once, not per call."""
+    RHT, seed in memory, packed, FP8 dtype, given FP8 scale; None when off), and the same as the
+    launch cache's key: built once, not per call."""
     if rbits not in fp4.SR_BITS_CHOICES:
         raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws "
                          f"{' or '.join(map(str, fp4.SR_BITS_CHOICES))} random bits per element")
@@ -1157,10 +1169,13 @@ def _quant_meta(row_sig, col_sig, N, BM, BN, even, mode, rounds, nw, rbits):
         if sig is None:
             meta.update(_off_meta(p))
         else:
-            fmt, rounding, rht, seed_ptr, packed, fp8 = sig
+            fmt, rounding, rht, seed_ptr, packed, fp8, fp8_scale = sig
             meta.update(_side_meta(fmt, rounding, rht, p))
+            fixed = fp8 and fp8_scale is not None
             meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed,
-                         p + "FP8": fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) if fp8 else 0})
+                         p + "FP8": fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) if fp8 else 0,
+                         p + "FIX": 1.0 / fp8_scale if fixed else 0.0,
+                         p + "OVER": 2.0 ** fp4.FP8_ROOM[fp8] if fixed else 0.0})
         meta[flag] = sig is not None
     meta.update(N=N, BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
                 enable_fp_fusion=False)
@@ -1168,11 +1183,12 @@ def _quant_meta(row_sig, col_sig, N, BM, BN, even, mode, rounds, nw, rbits):
 
 
 class _Side:
-    """One orientation's request (packed: codes + scales; fp8: FP8 values + tensor scale; else
-    fake-quantized values) and outputs."""
+    """One orientation's request (packed: codes + scales; fp8: FP8 values + tensor scale, the one
+    fp8_scale gives or else from the amax; else fake-quantized values) and outputs."""
 
-    def __init__(self, fmt, rounding, rht, seed, device, packed, fp8=None):
+    def __init__(self, fmt, rounding, rht, seed, device, packed, fp8=None, fp8_scale=None):
         self.fmt, self.rounding, self.rht, self.packed, self.fp8 = fmt, rounding, rht, bool(packed), fp8
+        self.fp8_scale = fp8_scale if fp8 else None
         if rounding not in ("rtne", "sr"):  # here, not at launch: an empty tensor launches nothing
             raise ValueError(f"unknown rounding {rounding!r}; valid: 'rtne', 'sr'")
         fp4.check_seed(seed)
@@ -1206,7 +1222,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
     # the tensor amax: of NVFP4 sides after their RHT (one pass over x for both, shared when
     # equal); of FP8 sides before any RHT (fp4.fp8_scale bounds what it adds), one plain pass
     nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
-    fp8 = [s for s in (row, col) if s is not None and s.fp8]
+    fp8 = [s for s in (row, col) if s is not None and s.fp8 and s.fp8_scale is None]
     amaxes = {}
     if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
         amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
@@ -1237,17 +1253,19 @@ def _run(x3, row, col, out_dtype, cfg=None):
                                       dtype=torch.float32 if INTERPRET else fp4.SCALE_DTYPES[fmt.scale])
         else:
             side.codes = side.scales = None
-        side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes else None
+        fixed = side.fp8 and side.fp8_scale is not None   # (the kernel writes the given scale)
+        side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes or fixed else None
         if side.s_enc is not None and not M * N * A:  # no program runs to write it: an empty
-            # tensor's scale is 1 (NVFP4's s_enc as for an all-zero tensor; FP8's)
-            side.s_enc = torch.ones((), device=dev, dtype=torch.float32)
+            # tensor's scale is 1 (NVFP4's s_enc as for an all-zero tensor; FP8's), or the given one
+            side.s_enc = torch.full((), side.fp8_scale if fixed else 1.0, device=dev, dtype=torch.float32)
         args += [dummy if side.packed else side.fake, side.codes if side.packed else dummy,
                  side.scales if side.packed else dummy, amaxes.get(side, dummy),
                  side.s_enc if side.s_enc is not None else dummy,
                  _signs(side.rht, dev, dummy) if side.rht else dummy, side.seed]
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
-        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed, s.fp8)  # noqa: E731
+        sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed, s.fp8,  # noqa: E731
+                               s.fp8_scale)
         meta, meta_key = _quant_meta(sig(row), sig(col), N, BM, BN, M % BM == 0 and N % BN == 0,
                                      mode, PHILOX_ROUNDS, nw, SR_BITS)
         _launch(_quant_kernel, grid, (x3, M, *args), meta, meta_key)
@@ -1299,11 +1317,12 @@ def _result(side, x, dim):
     return side.fake.view(x.shape)
 
 
-def _quantize_one(x, fmt, dim, rounding, rht, seed, out_dtype, cfg, packed=False, fp8=None):
+def _quantize_one(x, fmt, dim, rounding, rht, seed, out_dtype, cfg, packed=False, fp8=None,
+                  fp8_scale=None):
     """x quantized along dim in one orientation (blocks along N, or along M of _as3's view)."""
     fmt, dim = _prep(x, fmt, dim, rht)
     x3, is_col = _as3(x, dim)
-    side = _Side(fmt, rounding, rht, seed, x.device, packed, fp8)
+    side = _Side(fmt, rounding, rht, seed, x.device, packed, fp8, fp8_scale)
     _run(x3, None if is_col else side, side if is_col else None, out_dtype, cfg)
     return _result(side, x, dim)
 
@@ -1320,25 +1339,27 @@ def fake_quant(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, dtype=None,
     return _quantize_one(x, fmt, dim, rounding, rht, seed, dtype or x.dtype, _cfg)
 
 
-def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, _cfg=None):
+def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, scale=None, _cfg=None):
     """fp4.to_fp8: (FP8 values of x's shape with `dim` contiguous, fp32 tensor scale), from the
-    tensor-amax pass and one quantize pass."""
+    tensor-amax pass and one quantize pass; with a given scale, the quantize pass alone."""
     fp4.check_fp8(fmt, fp8)
-    return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, fp8=fp8)
+    fp4.check_fp8_given_scale(scale)
+    return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, fp8=fp8, fp8_scale=scale)
 
 
 def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=None,
                   rht_col="same", seed=None, seed_col=None, packed=False, dtype=None, fp8=None,
-                  _cfg=None):
+                  fp8_scale=None, _cfg=None):
     """fp4.quantize_both: a 2D tensor [M, K] quantized row-wise (blocks along dim 1) and
     column-wise (blocks along dim 0) from one read. Returns (row, col), each what fake_quant,
     quantize (if packed) or to_fp8 (if fp8) returns for dim=1 and dim=0 with that side's format,
     rounding, RHT and seed, the same bits as those two calls. packed: a bool, or one per side
-    (row, col); fp8: None, an FP8 dtype for both sides, or one dtype (or None) per side."""
+    (row, col); fp8: None, an FP8 dtype for both sides, or one dtype (or None) per side;
+    fp8_scale: to_fp8's scale, for both sides or one per side."""
     fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed, dtype)
-    f8r, f8c = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8)
-    row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r)
-    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c)
+    f8r, f8c, sr, sc = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8, fp8_scale)
+    row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r, sr)
+    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c, sc)
     _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
     return _result(row, x, 1), _result(col, x, 0)
 

@@ -5,6 +5,9 @@
 #   fp8      the FP8-GEMM checks of tests/gpu/check_kernels.py, then the CUDA-graph table of
 #            mxfp4 and mxint4 on FP8 GEMMs (opt-in: recipe_fp8_gemm=True), Wgrad's x kept packed
 #            and as FP8 (recipe_fp8_wgrad_x=fp8), dense GPT-2 small (about 310 s)
+#   fp8_unit_x  the checks of the given FP8 scale (to_fp8, the layer), then dense GPT-2 small's
+#            mxfp4 with Fprop's x scaled by its amax (the default) and at unit scale, no amax pass
+#            (recipe_fp8_x_scale=unit)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate: bf16 and
 #            mxfp4 on FP8 GEMMs, x packed and as FP8 (331 s on a fresh H100; each recipe compiles
@@ -26,7 +29,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -53,6 +56,13 @@ fp8)
     tail -16 "$OUT/check_fp8.log"
     one fp8_gemm_dense 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxfp4+$F+$X,mxint4+$F,mxint4+$F+$X ;;
+fp8_unit_x)
+    for only in "given scale" "unit scale"; do
+        timeout 150 python3 tests/gpu/check_kernels.py --quick --only="$only" >> "$OUT/check_unit_x.log" 2>&1
+    done
+    grep -h "^ok \|FAIL\|checks passed" "$OUT/check_unit_x.log"
+    one fp8_gemm_unit_x 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit ;;
 fp8_e8m0)
     one fp8_gemm_int4_16_e8m0 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4+recipe_format=int4/16/e8m0+$F,mxint4+$F ;;
@@ -94,6 +104,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"

@@ -87,7 +87,7 @@ def compile_quant(row, col, BM, BN, nw, mode, N=3072):
         fmt, rounding, rht, packed, *fp8 = s
         return kernels._Side(fp4.get_format(fmt), rounding, rht, 0, torch.device("cpu"), packed, *fp8)
     sides = side(row), side(col)
-    sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed, s.fp8)  # noqa: E731
+    sig = lambda s: s and (s.fmt, s.rounding, s.rht, True, s.packed, s.fp8, s.fp8_scale)  # noqa: E731
     meta, _ = kernels._quant_meta(sig(sides[0]), sig(sides[1]), N, BM, BN, True, mode,
                                   kernels.PHILOX_ROUNDS, nw, kernels.SR_BITS)
     fn = kernels._quant_kernel

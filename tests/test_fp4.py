@@ -536,6 +536,7 @@ def test_recipe_fields_take_their_own_types():
 
 
 @pytest.mark.parametrize("field, bad, match", [("fp8_wgrad_x", "e4m3", "'packed'"), ("rht_size", 24, "rht_size"),
+                                               ("fp8_x_scale", "e5m2", "'amax'"),
                                                ("fp8_fast_accum", ("forward",), "names GEMMs")])
 def test_recipe_checks_its_fields_when_built_directly(field, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -593,6 +594,8 @@ def test_fp8_wgrad_x_kept_as_fp8_gives_the_same_layer(monkeypatch):
     for another value."""
     with pytest.raises(ValueError, match="add fp8_gemm=True"):
         fp4.make_recipe("mxfp4", fp8_wgrad_x="fp8")
+    with pytest.raises(ValueError, match="add fp8_gemm=True"):
+        fp4.make_recipe("mxfp4", fp8_x_scale="unit")
     with pytest.raises(ValueError, match="'packed'"):
         fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_wgrad_x="e4m3")
     x, w = torch.randn(64, 96), torch.randn(128, 96) * 0.02

@@ -1082,6 +1082,49 @@ def test_to_fp8_sr_and_pair_equal_fake_quant(name):
     assert torch.equal(bits(v), bits(b)) and torch.equal(s, sb)
 
 
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4", "int4/16/e8m0"])
+@pytest.mark.parametrize("fp8,scale", [(fp4.E5M2, 1.0), (fp4.E4M3, 2.0 ** -3)])
+@pytest.mark.parametrize("dim,rht", [(-1, None), (0, 16)])
+def test_to_fp8_at_a_given_scale_matches_reference(name, fp8, scale, dim, rht):
+    """A given decode scale (Fprop's x under fp8_x_scale 'unit'): no amax pass, the reference's
+    bits; blocks above the scale's window are NaN (never clipped), blocks inside it equal
+    fake_quant, blocks below it round to FP8's subnormals; quantize_both gives the same."""
+    torch.manual_seed(zlib.crc32(f"{name} {fp8} {dim} {rht}".encode()))
+    spread = torch.randint(-26, 22, (64, 1) if dim else (1, 96)).float()   # per block, not in it
+    x = (torch.randn(64, 96) * torch.exp2(spread)).to(torch.bfloat16)
+    v, s = kernels.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8, scale=scale)
+    rv, rs = fp4.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8, scale=scale)
+    assert v.dtype == fp8 and v.stride() == rv.stride() and s.item() == rs.item() == scale
+    nan = rv.float().isnan()
+    assert torch.equal(v.float().isnan(), nan) and torch.equal(bits(v)[~nan], bits(rv)[~nan])
+    fake = fp4.fake_quant(x.float(), name, dim=dim, rht=rht)
+    top = fake.abs().movedim(dim, -1).reshape(64 if dim else 96, -1, fp4.get_format(name).block).amax(-1)
+    blocks = (rv.float() * rs).movedim(dim, -1).reshape(top.shape + (-1,))
+    over = top > 7 * scale * 2.0 ** fp4.FP8_ROOM[fp8]   # (the largest grid value is 6 or 7)
+    assert over.any() and blocks[over].isnan().all() and not blocks[~over].isnan().any()
+    room, window = scale * 2.0 ** fp4.FP8_ROOM[fp8], {fp4.E4M3: 15, fp4.E5M2: 29}[fp8]  # (binades)
+    inside = (top <= 6 * room) & (top >= room * 2.0 ** (4 - window))
+    exact = (blocks == fake.movedim(dim, -1).reshape(blocks.shape)).all(-1)
+    below = top < room * 2.0 ** (-2 - window)
+    assert inside.any() and exact[inside].all() and below.any() and not exact[below].all()
+    (a, sa), (b, sb) = kernels.quantize_both(x, name, rht=None, rht_col=rht, fp8=fp8,
+                                             fp8_scale=(scale, None) if dim else (None, scale))
+    given, amaxed = ((a, sa), (b, sb)) if dim else ((b, sb), (a, sa))
+    assert torch.equal(bits(given[0]).eq(bits(v)) | v.float().isnan(), torch.ones_like(nan))
+    assert given[1].item() == scale and amaxed[1].item() != scale
+
+
+def test_to_fp8_given_scale_errors():
+    x = torch.randn(32, 64)
+    for bad in (3.0, 0.0, -1.0, float("inf"), True, 2.0 ** -140):
+        for f in (fp4.to_fp8, kernels.to_fp8):
+            with pytest.raises(ValueError, match="power of two"):
+                f(x, "mxfp4", fp8=fp4.E5M2, scale=bad)
+    with pytest.raises(ValueError, match="not FP8"):
+        kernels.quantize_both(x, "mxfp4", packed=(False, True), fp8=(fp4.E5M2, None),
+                              fp8_scale=(1.0, 1.0))
+
+
 @pytest.mark.parametrize("special", [float("nan"), float("inf")])
 def test_to_fp8_zero_empty_and_nonfinite_tensors(special):
     for z in (torch.zeros(32, 64), torch.zeros(0, 64)):
@@ -1143,6 +1186,31 @@ def test_fp8_layer_through_kernels_keeps_x_packed(monkeypatch, wgrad_x):
             assert fp4.saved_bytes(lin, torch.randn(tokens, 64)) == kept + 6 * 8
         for a, b, nm in zip(got, want, ("y", "dx", "dW")):
             assert_same(a, b, f"{tokens} tokens {nm}")
+
+
+def test_fp8_unit_x_scale_gives_the_same_layer_without_x_amax(monkeypatch):
+    """fp8_x_scale='unit': Fprop's x in e5m2 at scale 1 needs no amax pass (one flat amax launch
+    fewer per layer call: the weight's and dy's stay), and gives the same y, dx, dW bit for bit as
+    e4m3 scaled by x's amax while x's blocks lie in both windows: dense (x quantized for both GEMMs
+    by one kernel, or padded for Wgrad) and grouped, on the kernels and on the reference."""
+    launches = []
+    real = kernels._flat_amax
+    monkeypatch.setattr(kernels, "_flat_amax", lambda *a, **k: launches.append(1) or real(*a, **k))
+    for counts, tokens in ((None, 64), (None, 40), (torch.tensor([7, 0, 33]), 40)):
+        for through_kernels in (False, True):
+            out, n = {}, {}
+            for how in ("amax", "unit"):
+                r = fp4.make_recipe("mxint4", fp8_gemm=True, fp8_x_scale=how)
+                launches.clear()
+                with monkeypatch.context() as m:
+                    if through_kernels:
+                        m.setattr(fp4, "kernels_for", lambda t: kernels)
+                    out[how] = _layer_grads(r, counts, tokens)
+                n[how] = len(launches)
+            what = f"counts={counts} tokens={tokens} kernels={through_kernels}"
+            for a, b, nm in zip(out["amax"], out["unit"], ("y", "dx", "dW")):
+                assert_same(a, b, f"{what} {nm}")
+            assert n["unit"] == n["amax"] - through_kernels, (what, n)
 
 
 def test_every_launch_has_a_three_dimensional_grid(monkeypatch):

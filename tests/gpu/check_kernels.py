@@ -373,6 +373,17 @@ def fp8_operands(sz):
         for f8 in (fp4.E4M3, fp4.E5M2):
             for dim in (-1, 0):
                 fp8_same(xw, name, f"{name} {f8} dim={dim}, 200 binades", dim=dim, fp8=f8)
+    # a given scale (Fprop's x under fp8_x_scale 'unit'): no amax pass; blocks above its window NaN
+    for name in ("mxfp4", "mxint4", "int4/16/e8m0"):
+        for f8, scale in ((fp4.E5M2, 1.0), (fp4.E4M3, 2.0 ** -3)):
+            for dim, rht in ((-1, None), (0, 16)):
+                fp8_same(x, name, f"{name} {f8} at scale {scale} dim={dim}", dim=dim, rht=rht, fp8=f8,
+                         scale=scale)
+                v, s = kernels.to_fp8(xw, name, dim=dim, fp8=f8, scale=scale)
+                rv, rs = ref(fp4.to_fp8, xw, name, dim=dim, fp8=f8, scale=scale)
+                nan = rv.float().isnan()
+                assert nan.any() and torch.equal(v.float().isnan(), nan), f"{name} {f8} NaN blocks"
+                same(v.view(torch.uint8)[~nan], rv.view(torch.uint8)[~nan], f"{name} {f8} 200 binades")
     (a, sa), (b, sb) = kernels.quantize_both(x, "mxint4", rht_col=16, rounding="sr", seed=3,
                                              seed_col=3, fp8=(fp4.E5M2, fp4.E5M2))
     fa = kernels.fake_quant(x, "mxint4", dim=1, rounding="sr", seed=3, dtype=torch.float32)
@@ -469,6 +480,24 @@ def fp8_wgrad_x_kept(sz, recipe_name):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 y = lin(xi)
         assert (fp4.E4M3 in saved) == (keep == "fp8"), f"{keep}: forward saved {saved}"
+        y.backward(randn(T, OUT, seed=12).to(y.dtype))
+        outs.append((y.detach(), xi.grad, lin.weight.grad))
+    for nm, u, v in zip(("y", "dx", "dW"), *outs):
+        same(u, v, f"{recipe_name} {nm}")
+
+
+def fp8_unit_x(sz, recipe_name):
+    """Fprop's x in e5m2 at scale 1 (fp8_x_scale='unit') == e4m3 scaled by its amax: y, dx, dW bit
+    for bit, SR on dy, on data inside both windows."""
+    T, IN, OUT = sz.cached
+    outs = []
+    for how in ("amax", "unit"):
+        torch.manual_seed(0)
+        recipe = fp4.make_recipe(recipe_name, fp8_gemm=True, fp8_x_scale=how)
+        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
+        xi = (randn(T, IN, seed=10, dtype=torch.float32) * 0.01).requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = lin(xi)
         y.backward(randn(T, OUT, seed=12).to(y.dtype))
         outs.append((y.detach(), xi.grad, lin.weight.grad))
     for nm, u, v in zip(("y", "dx", "dW"), *outs):
@@ -600,7 +629,8 @@ def run_all(sz):
         check(f"FP4Linear {rn} triton == torch (y, dx, dW), no SR", lambda: linear_backends(sz, rn, False))
     check("FP4Linear nvfp4 with SR dy: close", lambda: linear_backends(sz, "nvfp4", True))
     check("tensor amax (NVFP4: after the RHT; FP8: flat, plain) == max |x| (3 times each)", tensor_amax)
-    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT; 200 binades)",
+    check("to_fp8 == reference (mxfp4, mxint4, int4/16/e8m0; e4m3, e5m2; both dims, RHT; 200 binades; "
+          "given scales)",
           lambda: fp8_operands(sz))
     check("FP8 GEMM vs the exact product of its operands (fc2 shape)", lambda: fp8_gemm_exact(sz))
     check("fp8_from_packed == reference (mxfp4, mxint4; e4m3, e5m2; both dims, RHT)",
@@ -617,6 +647,9 @@ def run_all(sz):
               lambda: fp8_cached_weight(sz, rn))
     check("FP4Linear mxint4 on FP8 GEMMs: Wgrad's x kept as FP8 == kept packed (bit for bit, SR)",
           lambda: fp8_wgrad_x_kept(sz, "mxint4"))
+    for rn in ("mxfp4", "mxint4"):
+        check(f"FP4Linear {rn} on FP8 GEMMs: Fprop's x at unit scale == scaled by its amax (bit for bit, SR)",
+              lambda: fp8_unit_x(sz, rn))
     for rn in ("ufp4", "mxfp4"):
         check(f"GroupedLinear {rn}: aligned groups == padding inside (y, dx bit for bit; dW)",
               lambda: grouped_aligned(rn))
