@@ -55,6 +55,8 @@ LAUNCHES = [
      ("mxfp4", "rtne", 16, True), (64, 64, 4, 1)),
     ("mxfp4 dy pair, FP8 path: e5m2 both, SR, column RHT16", ("mxfp4", "sr", None, False, fp4.E5M2),
      ("mxfp4", "sr", 16, False, fp4.E5M2), (64, 128, 8, 1)),
+    ("mxfp4 x pair, FP8 path, x at unit scale: row e5m2 + column packed RHT16",
+     ("mxfp4", "rtne", None, False, fp4.E5M2, 1.0), ("mxfp4", "rtne", 16, True), (64, 64, 4, 1)),
 ]
 
 
