@@ -1114,6 +1114,21 @@ def test_to_fp8_at_a_given_scale_matches_reference(name, fp8, scale, dim, rht):
     assert given[1].item() == scale and amaxed[1].item() != scale
 
 
+@pytest.mark.parametrize("special", [float("nan"), float("inf")])
+def test_to_fp8_at_a_given_scale_on_nonfinite_and_empty_tensors(special):
+    """At a given scale a NaN or Inf makes its own block NaN (the reference's bits; the scale
+    stays the one given, and so do the other blocks); an empty tensor gets the given scale."""
+    x = torch.randn(32, 64)
+    x[3, 5] = special
+    for dim in (0, -1):
+        v, s = kernels.to_fp8(x, "mxint4", dim=dim, fp8=fp4.E5M2, scale=0.5)
+        rv, rs = fp4.to_fp8(x, "mxint4", dim=dim, fp8=fp4.E5M2, scale=0.5)
+        nan = rv.float().isnan()
+        assert s.item() == rs.item() == 0.5 and nan.sum() == 32 and nan[3, 5]
+        assert torch.equal(v.float().isnan(), nan) and torch.equal(bits(v)[~nan], bits(rv)[~nan])
+    assert kernels.to_fp8(torch.zeros(0, 64), "mxfp4", fp8=fp4.E5M2, scale=2.0)[1].item() == 2.0
+
+
 def test_to_fp8_given_scale_errors():
     x = torch.randn(32, 64)
     for bad in (3.0, 0.0, -1.0, float("inf"), True, 2.0 ** -140):
