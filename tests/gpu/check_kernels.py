@@ -464,45 +464,46 @@ def fp8_cached_weight(sz, recipe_name):
             same(u, v, f"{recipe_name} call {i} {nm}")
 
 
-def fp8_wgrad_x_kept(sz, recipe_name):
-    """Wgrad's x kept as FP8 from forward (fp8_wgrad_x='fp8') == kept packed and made FP8 in
-    backward: y, dx, dW bit for bit, SR on dy, on data inside both forms' FP8 windows; forward
-    saves e4m3 values only in the FP8 form (the field reaches the layer)."""
+def _fp8_layer_forms(sz, recipe_name, field, forms, x, saved=None):
+    """An FP4Linear on FP8 GEMMs under each value in `forms` of recipe field `field`, SR on dy
+    seeded alike: y, dx and dW the same bit for bit. saved(form, dtypes): a check of the dtypes
+    forward saved."""
     T, IN, OUT = sz.cached
     outs = []
-    for keep in ("packed", "fp8"):
+    for form in forms:
         torch.manual_seed(0)
-        recipe = fp4.make_recipe(recipe_name, fp8_gemm=True, fp8_wgrad_x=keep)
+        recipe = fp4.make_recipe(recipe_name, fp8_gemm=True, **{field: form})
         lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
-        xi = (randn(T, IN, seed=10, dtype=torch.float32) * 0.01).requires_grad_(True)
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+        xi = x.clone().requires_grad_(True)
+        dtypes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: dtypes.append(t.dtype) or t, lambda t: t):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 y = lin(xi)
-        assert (fp4.E4M3 in saved) == (keep == "fp8"), f"{keep}: forward saved {saved}"
+        if saved:
+            saved(form, dtypes)
         y.backward(randn(T, OUT, seed=12).to(y.dtype))
         outs.append((y.detach(), xi.grad, lin.weight.grad))
     for nm, u, v in zip(("y", "dx", "dW"), *outs):
-        same(u, v, f"{recipe_name} {nm}")
+        same(u, v, f"{recipe_name} {field} {nm}")
+
+
+def fp8_wgrad_x_kept(sz, recipe_name):
+    """Wgrad's x kept as FP8 from forward (fp8_wgrad_x='fp8') == kept packed and made FP8 in
+    backward, on data inside both forms' FP8 windows; forward saves e4m3 values only in the FP8
+    form (the field reaches the layer)."""
+    def saved(keep, dtypes):
+        assert (fp4.E4M3 in dtypes) == (keep == "fp8"), f"{keep}: forward saved {dtypes}"
+    T, IN, _ = sz.cached
+    x = randn(T, IN, seed=10, dtype=torch.float32) * 0.01
+    _fp8_layer_forms(sz, recipe_name, "fp8_wgrad_x", ("packed", "fp8"), x, saved)
 
 
 def fp8_unit_x(sz, recipe_name):
-    """Fprop's x in e5m2 at scale 1 (fp8_x_scale='unit') == e4m3 scaled by its amax: y, dx, dW bit
-    for bit, SR on dy, on data inside both windows."""
-    T, IN, OUT = sz.cached
-    outs = []
-    for how in ("amax", "unit"):
-        torch.manual_seed(0)
-        recipe = fp4.make_recipe(recipe_name, fp8_gemm=True, fp8_x_scale=how)
-        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
-        g = torch.Generator(device=DEV).manual_seed(10)   # (no rows 2^-10 down: inside both windows)
-        xi = torch.randn(T, IN, generator=g, device=DEV).requires_grad_(True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = lin(xi)
-        y.backward(randn(T, OUT, seed=12).to(y.dtype))
-        outs.append((y.detach(), xi.grad, lin.weight.grad))
-    for nm, u, v in zip(("y", "dx", "dW"), *outs):
-        same(u, v, f"{recipe_name} {nm}")
+    """Fprop's x in e5m2 at scale 1 (fp8_x_scale='unit') == e4m3 scaled by its amax, on plain
+    Gaussian x, inside both windows (randn's rows from 2^-10 are not: there the forms differ)."""
+    T, IN, _ = sz.cached
+    x = torch.randn(T, IN, generator=torch.Generator(device=DEV).manual_seed(10), device=DEV)
+    _fp8_layer_forms(sz, recipe_name, "fp8_x_scale", ("amax", "unit"), x)
 
 
 EXPERT_COUNTS = [1024, 0, 512, 2048, 32, 1216, 704, 736]  # multiples of 32, an empty group
