@@ -7,7 +7,8 @@
 #            and as FP8 (recipe_fp8_wgrad_x=fp8), dense GPT-2 small (about 310 s)
 #   fp8_unit_x  the checks of the given FP8 scale (to_fp8, the layer), then dense GPT-2 small's
 #            mxfp4 with Fprop's x scaled by its amax (the default) and at unit scale, no amax pass
-#            (recipe_fp8_x_scale=unit)
+#            (recipe_fp8_x_scale=unit; 204 s), then the checks set's 300-step telemetry run at unit
+#            scale (about 240 s more)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate: bf16 and
 #            mxfp4 on FP8 GEMMs, x packed and as FP8 (331 s on a fresh H100; each recipe compiles
@@ -62,7 +63,13 @@ fp8_unit_x)
     done
     grep -h "^ok \|FAIL\|checks passed" "$OUT/check_unit_x.log"
     one fp8_gemm_unit_x 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit ;;
+        --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit
+    # x's blocks out of the unit scale's window in a real run (telemetry; as the checks set's)
+    timeout 240 python3 train.py configs/gpu/ablate_gpt.py --recipe=mxint4 --recipe_fp8_gemm=True \
+        --recipe_fp8_x_scale=unit --max_iters=300 --telemetry_interval=100 --eval_interval=300 \
+        --eval_iters=2 --out_dir=out/fp8_window_unit --overwrite=True > "$OUT/fp8_window_unit.log" 2>&1
+    echo "== fp8_window_unit rc=$?" >> "$OUT/bench.log"
+    cp out/fp8_window_unit/log.jsonl "$OUT/fp8_window_unit_log.jsonl" 2>/dev/null ;;
 fp8_e8m0)
     one fp8_gemm_int4_16_e8m0 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4+recipe_format=int4/16/e8m0+$F,mxint4+$F ;;
