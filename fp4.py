@@ -433,10 +433,11 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
                                      seed_col, (pr, pc), dtype, fp8, fp8_scale)
-    f8r, f8c, sr_, sc_ = check_fp8_sides(fmt, fmt_col, pr, pc, fp8, fp8_scale)
+    f8r, f8c, s_row, s_col = check_fp8_sides(fmt, fmt_col, pr, pc, fp8, fp8_scale)
     out = []
-    for f, d, r, h, s, p, f8, f8s in ((fmt, 1, rounding, rht, seed, pr, f8r, sr_),
-                                      (fmt_col, 0, rounding_col or rounding, rht_col, seed_col, pc, f8c, sc_)):
+    for f, d, r, h, s, p, f8, f8s in ((fmt, 1, rounding, rht, seed, pr, f8r, s_row),
+                                      (fmt_col, 0, rounding_col or rounding, rht_col, seed_col, pc,
+                                       f8c, s_col)):
         if p:
             out.append(quantize(x, f, d, r, h, s))
         elif f8:
@@ -517,7 +518,7 @@ FP8_ROOM = {E4M3: 6, E5M2: 13}
 FP8_MIN_EXP = -126  # the decode scale stays a normal fp32 number
 # Fprop's x under Recipe.fp8_x_scale "unit": e5m2 at decode scale 1, set without reading x. Exact
 # for block scales up to 2^13 and down to e5m2's subnormals (2^-16 per grid step: block maxima
-# from about 1e-4 up); a block above is NaN (a non-finite loss, never a clipped value)
+# from about 6e-5 to just under 2^16); a block above is NaN (a non-finite loss, never clipped)
 FP8_UNIT_X = (E5M2, 1.0)
 
 def fp8_bound(rht):
@@ -556,8 +557,8 @@ def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8, fp8_scale=None):
     side) and fp8_scale (to_fp8's scale: one for both, or one per side) checked: -> (row dtype,
     col dtype, row scale, col scale)."""
     f8r, f8c = _per_side(fp8, torch.dtype, "fp8")
-    sr, sc = _per_side(fp8_scale, (int, float), "fp8_scale")
-    for f, p, f8, s in ((fmt, packed, f8r, sr), (fmt_col, packed_col, f8c, sc)):
+    s_row, s_col = _per_side(fp8_scale, (int, float), "fp8_scale")
+    for f, p, f8, s in ((fmt, packed, f8r, s_row), (fmt_col, packed_col, f8c, s_col)):
         if f8 and p:
             raise ValueError("a side is either packed or FP8, not both")
         if f8:
@@ -565,7 +566,7 @@ def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8, fp8_scale=None):
         if s is not None and not f8:
             raise ValueError(f"fp8_scale {s!r} is given for a side that is not FP8: give its fp8 dtype")
         check_fp8_given_scale(s)
-    return f8r, f8c, sr, sc
+    return f8r, f8c, s_row, s_col
 
 def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, scale=None):
     """x quantized as quantize() quantizes it, as (values, scale): FP8 values of x's shape with
@@ -594,12 +595,13 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, scale
     return (values / scale).to(fp8).movedim(-1, dim), scale
 
 def check_fp8_given_scale(scale):
-    """to_fp8's scale: None, or a positive power of two (a Python float) that fp32 holds."""
+    """to_fp8's scale: None, or a power of two (a Python float) that fp32 holds with its inverse
+    (both normal: the kernels take the inverse as a constant)."""
     if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
                                   and 0 < scale < math.inf and math.frexp(scale)[0] == 0.5
-                                  and 2.0 ** FP8_MIN_EXP <= scale <= 2.0 ** 127):
+                                  and 2.0 ** FP8_MIN_EXP <= scale <= 2.0 ** -FP8_MIN_EXP):
         raise ValueError(f"an FP8 decode scale must be None (from the tensor's amax) or a power of "
-                         f"two from 2^{FP8_MIN_EXP} to 2^127, got {scale!r}")
+                         f"two from 2^{FP8_MIN_EXP} to 2^{-FP8_MIN_EXP}, got {scale!r}")
 
 def fp8_from_packed(q, fp8=E4M3):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
@@ -868,8 +870,9 @@ def _operands(recipe, seeds):
 def _quantize_operand(t, op, recipe, dim, dtype, tag, packed=False, fp8=None):
     """Operand t as its GEMM sees it: fake-quantized along its reduction dim `dim`, or as is.
     packed: its QTensor instead (dequantize(q, dtype) gives the same tensor, bit for bit); fp8
-    (an FP8 dtype, or (dtype, given scale) as FP8_UNIT_X): to_fp8's (values, scale). Inside probe_alphas() it is recorded under
-    (layer tag, op.name), an FP8 operand with its blocks out of the FP8 window."""
+    (an FP8 dtype, or (dtype, given scale) as FP8_UNIT_X): to_fp8's (values, scale). Inside
+    probe_alphas() it is recorded under (layer tag, op.name), an FP8 operand with its blocks out
+    of the FP8 window."""
     if not op.gemm.fmt:
         return t.to(dtype)
     fmt, rounding, rht = _qparams(op.gemm, recipe, op.sr, op.weight)
@@ -903,9 +906,9 @@ def _quantize_operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp
     f8r, f8c = fp8 or (None, None)
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = (_qparams(o.gemm, recipe, o.sr, o.weight) for o in (row, col))
-        (dr, sr), (dc, sc) = _fp8_spec(f8r), _fp8_spec(f8c)
+        (d_row, s_row), (d_col, s_col) = _fp8_spec(f8r), _fp8_spec(f8c)
         return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
-                             (dr, dc), (sr, sc))
+                             (d_row, d_col), (s_row, s_col))
     return (_quantize_operand(t, row, recipe, -1, dtype, tag, fp8=f8r),
             _quantize_operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c))
 

@@ -571,6 +571,8 @@ def _quant_tile(x, s_enc, fp8_inv, seed, roff, R: tl.constexpr, C: tl.constexpr,
     valid = sc_rows > 0  # zero blocks and NaN scales: code 0 (+0)
     if FP8:  # a NaN tensor scale: every value +NaN (unsigned, as fp4's division gives it)
         valid = tl.where(fp8_inv == fp8_inv, valid, False)  # (the interpreter's & fails on a scalar)
+        if OVER > 0:  # a block above a given scale's window: +NaN too (unsigned, as the reference)
+            valid = tl.where(sc_rows * fp8_inv > OVER, False, valid)
     t = _divide(xb, sc_rows, s_enc, valid, R, NB, BLOCK, SCALE, SR)
     # the sign bit of x where the block is valid (per-block mask: one AND per element)
     smask = tl.broadcast_to(tl.where(valid, -2147483648, 0)[:, :, None], [R, NB, BLOCK])
@@ -912,13 +914,14 @@ def _quant_kernel(x_ptr, M,
     output's FP8 dtype; the column side then writes them transposed ([A, N, M]: the blocked dim
     contiguous, as the FP8 GEMM wants). FIX: a given decode scale's inverse (fp4.to_fp8's scale;
     0: from the amax); OVER (with FIX): 2^FP8_ROOM, above which a block's scale makes it NaN.
-    With an e4m3-scaled or FP8 side the tiles go in reverse launch order: the tensor-amax
+    With an e4m3-scaled or FP8 side (its scale from an amax) the tiles go in reverse launch order: the tensor-amax
     pass has just read x in launch order (in its own tiles), so the first tiles here are roughly
     those it read last, still in L2."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2)
-    if (DO_ROW and (R_SCALE == 1 or R_FP8 > 0)) or (DO_COL and (C_SCALE == 1 or C_FP8 > 0)):
+    if (DO_ROW and (R_SCALE == 1 or (R_FP8 > 0 and R_FIX == 0))) or \
+            (DO_COL and (C_SCALE == 1 or (C_FP8 > 0 and C_FIX == 0))):
         pid_m = tl.num_programs(0) - 1 - pid_m
         pid_n = tl.num_programs(1) - 1 - pid_n
         a = tl.num_programs(2) - 1 - a
@@ -1357,9 +1360,9 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     (row, col); fp8: None, an FP8 dtype for both sides, or one dtype (or None) per side;
     fp8_scale: to_fp8's scale, for both sides or one per side."""
     fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed, dtype)
-    f8r, f8c, sr, sc = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8, fp8_scale)
-    row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r, sr)
-    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c, sc)
+    f8r, f8c, s_row, s_col = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8, fp8_scale)
+    row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r, s_row)
+    col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c, s_col)
     _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)
     return _result(row, x, 1), _result(col, x, 0)
 

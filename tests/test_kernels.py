@@ -1095,8 +1095,7 @@ def test_to_fp8_at_a_given_scale_matches_reference(name, fp8, scale, dim, rht):
     v, s = kernels.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8, scale=scale)
     rv, rs = fp4.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8, scale=scale)
     assert v.dtype == fp8 and v.stride() == rv.stride() and s.item() == rs.item() == scale
-    nan = rv.float().isnan()
-    assert torch.equal(v.float().isnan(), nan) and torch.equal(bits(v)[~nan], bits(rv)[~nan])
+    assert torch.equal(bits(v), bits(rv))   # NaN bytes too
     fake = fp4.fake_quant(x.float(), name, dim=dim, rht=rht)
     top = fake.abs().movedim(dim, -1).reshape(64 if dim else 96, -1, fp4.get_format(name).block).amax(-1)
     blocks = (rv.float() * rs).movedim(dim, -1).reshape(top.shape + (-1,))
@@ -1107,11 +1106,29 @@ def test_to_fp8_at_a_given_scale_matches_reference(name, fp8, scale, dim, rht):
     exact = (blocks == fake.movedim(dim, -1).reshape(blocks.shape)).all(-1)
     below = top < room * 2.0 ** (-2 - window)
     assert inside.any() and exact[inside].all() and below.any() and not exact[below].all()
-    (a, sa), (b, sb) = kernels.quantize_both(x, name, rht=None, rht_col=rht, fp8=fp8,
-                                             fp8_scale=(scale, None) if dim else (None, scale))
+    both = dict(rht=None, rht_col=rht, fp8=fp8, fp8_scale=(scale, None) if dim else (None, scale))
+    (a, sa), (b, sb) = kernels.quantize_both(x, name, **both)
     given, amaxed = ((a, sa), (b, sb)) if dim else ((b, sb), (a, sa))
-    assert torch.equal(bits(given[0]).eq(bits(v)) | v.float().isnan(), torch.ones_like(nan))
-    assert given[1].item() == scale and amaxed[1].item() != scale
+    assert torch.equal(bits(given[0]), bits(v)) and given[1].item() == scale and amaxed[1].item() != scale
+    for got, want in zip((a, sa, b, sb), (t for side in fp4.quantize_both(x, name, **both) for t in side)):
+        assert torch.equal(bits(got), bits(want)), "fp4.quantize_both (the reference) gives the same"
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
+def test_to_fp8_at_a_given_scale_keeps_the_window_top(name):
+    """e5m2 at scale 1: a block scale of 2^13 is the window's top (its largest value 57344 for the
+    int4 grid, 49152 for e2m1; block maxima up to just under 2^16 clip to them as fake_quant does);
+    2^14 is NaN."""
+    x = torch.randn(4, 64) * 0.1
+    x[0, 0], x[1, 0], x[2, 0], x[3, 32] = 7 * 2.0 ** 13, 65535.0, 65536.0, 6 * 2.0 ** 13
+    v, s = kernels.to_fp8(x, name, fp8=fp4.E5M2, scale=1.0)
+    rv, _ = fp4.to_fp8(x, name, fp8=fp4.E5M2, scale=1.0)
+    assert torch.equal(bits(v), bits(rv))
+    nan = v.float().isnan().view(4, 2, 32).all(-1)
+    assert nan.tolist() == [[False, False], [False, False], [True, False], [False, False]]
+    kept = ~v.float().isnan()
+    assert torch.equal(v.float()[kept], fp4.fake_quant(x, name)[kept])
+    assert v.float()[kept].abs().max() == (7 if name == "mxint4" else 6) * 2.0 ** 13
 
 
 @pytest.mark.parametrize("special", [float("nan"), float("inf")])
@@ -1125,13 +1142,13 @@ def test_to_fp8_at_a_given_scale_on_nonfinite_and_empty_tensors(special):
         rv, rs = fp4.to_fp8(x, "mxint4", dim=dim, fp8=fp4.E5M2, scale=0.5)
         nan = rv.float().isnan()
         assert s.item() == rs.item() == 0.5 and nan.sum() == 32 and nan[3, 5]
-        assert torch.equal(v.float().isnan(), nan) and torch.equal(bits(v)[~nan], bits(rv)[~nan])
+        assert torch.equal(bits(v), bits(rv))
     assert kernels.to_fp8(torch.zeros(0, 64), "mxfp4", fp8=fp4.E5M2, scale=2.0)[1].item() == 2.0
 
 
 def test_to_fp8_given_scale_errors():
     x = torch.randn(32, 64)
-    for bad in (3.0, 0.0, -1.0, float("inf"), True, 2.0 ** -140):
+    for bad in (3.0, 0.0, -1.0, float("inf"), True, 2.0 ** -140, 2.0 ** 127):
         for f in (fp4.to_fp8, kernels.to_fp8):
             with pytest.raises(ValueError, match="power of two"):
                 f(x, "mxfp4", fp8=fp4.E5M2, scale=bad)
