@@ -240,8 +240,9 @@ def export(src, hf_dir, dtype="float32"):
     meta = ckpt.get("meta")
     state = (llama_state if kind == "llama" else gpt2_state)(ckpt["model"], cfg)
     os.makedirs(hf_dir, exist_ok=True)
-    old = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(hf_dir, f))]
-    for f in old:   # only files an export writes: anything else in the folder stays
+    earlier = os.path.isfile(os.path.join(hf_dir, "nanofp4.json"))   # (every export writes it)
+    old = [f for f in TOKENIZER_FILES if earlier and os.path.isfile(os.path.join(hf_dir, f))]
+    for f in old:   # only an earlier export's files: anything else in the folder stays
         os.remove(os.path.join(hf_dir, f))
     hf_config(cfg, kind, meta, dtype).save_pretrained(hf_dir)
     state = {k: v.detach().to(getattr(torch, dtype)).contiguous().clone() for k, v in state.items()}

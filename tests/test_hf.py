@@ -178,6 +178,11 @@ def test_export_over_an_earlier_export_leaves_only_its_own_tokenizer(tmp_path, f
     assert stale and summary.endswith("removed the earlier export's " + ", ".join(
         f for f in hf.TOKENIZER_FILES if f in stale))
     assert "removed" not in export(second, "hf")   # the same tokenizer again: nothing stale
+    (tmp_path / "mine").mkdir()   # a folder that holds no export: its files are the user's
+    theirs = next(f for f in hf.TOKENIZER_FILES if f not in os.listdir(tmp_path / "fresh_second"))
+    (tmp_path / "mine" / theirs).write_text("{}")
+    export(second, "mine")
+    assert (tmp_path / "mine" / theirs).read_text() == "{}"
 
 def hf_model(kind, tmp_path, **kw):
     """A small random transformers model saved to a folder, its weights perturbed."""
