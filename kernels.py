@@ -914,9 +914,9 @@ def _quant_kernel(x_ptr, M,
     output's FP8 dtype; the column side then writes them transposed ([A, N, M]: the blocked dim
     contiguous, as the FP8 GEMM wants). FIX: a given decode scale's inverse (fp4.to_fp8's scale;
     0: from the amax); OVER (with FIX): 2^FP8_ROOM, above which a block's scale makes it NaN.
-    With an e4m3-scaled or FP8 side (its scale from an amax) the tiles go in reverse launch order: the tensor-amax
-    pass has just read x in launch order (in its own tiles), so the first tiles here are roughly
-    those it read last, still in L2."""
+    With an e4m3-scaled or FP8 side (its scale from an amax) the tiles go in reverse launch
+    order: the tensor-amax pass has just read x in launch order (in its own tiles), so the first
+    tiles here are roughly those it read last, still in L2."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     a = tl.program_id(2)
