@@ -564,15 +564,16 @@ def _quant_tile(x, s_enc, fp8_inv, seed, roff, R: tl.constexpr, C: tl.constexpr,
     values. FP8 (e8m0 scales): the values also times fp8_inv, the inverse FP8 tensor scale,
     folded into each block's scale (one multiply per block, not per element; the same FP8
     values: the products differ only below fp32's normal range, which FP8 rounds to +-0).
-    OVER (a given FP8 scale): blocks whose folded scale passes it are NaN, not clipped by the cast."""
+    OVER (a given FP8 scale): blocks whose folded scale passes it are NaN blocks, not clipped by
+    the cast."""
     NB: tl.constexpr = C // BLOCK
     xb = tl.reshape(x, [R, NB, BLOCK])
     sc, sc_rows = _block_scales(xb, s_enc, R, NB, BLOCK, QMAX, EMAX, SCALE, B2D)
+    if OVER > 0:  # a block above a given FP8 scale's window: a NaN block, as the reference's
+        sc_rows = tl.where(sc_rows * fp8_inv > OVER, float("nan"), sc_rows)
     valid = sc_rows > 0  # zero blocks and NaN scales: code 0 (+0)
     if FP8:  # a NaN tensor scale: every value +NaN (unsigned, as fp4's division gives it)
         valid = tl.where(fp8_inv == fp8_inv, valid, False)  # (the interpreter's & fails on a scalar)
-        if OVER > 0:  # a block above a given scale's window: +NaN too (unsigned, as the reference)
-            valid = tl.where(sc_rows * fp8_inv > OVER, False, valid)
     t = _divide(xb, sc_rows, s_enc, valid, R, NB, BLOCK, SCALE, SR)
     # the sign bit of x where the block is valid (per-block mask: one AND per element)
     smask = tl.broadcast_to(tl.where(valid, -2147483648, 0)[:, :, None], [R, NB, BLOCK])
@@ -593,8 +594,6 @@ def _quant_tile(x, s_enc, fp8_inv, seed, roff, R: tl.constexpr, C: tl.constexpr,
         scr = sc_rows
         if FP8:  # (e8m0 scales: a power of two times a power of two)
             scr = sc_rows * fp8_inv
-            if OVER > 0:
-                scr = tl.where(scr > OVER, float("nan"), scr)
         scb = tl.broadcast_to(scr[:, :, None], [R, NB, BLOCK])
         v = mag * scb  # exact for e4m3 / e8m0 scales; NaN for NaN blocks
         if SCALE == 1:  # / s_enc, kept normal by a power-of-two factor for huge s_enc
