@@ -7,8 +7,9 @@
 #            and as FP8 (recipe_fp8_wgrad_x=fp8), dense GPT-2 small (about 310 s)
 #   fp8_unit_x  the checks of the given FP8 scale (to_fp8, the layer), then dense GPT-2 small's
 #            mxfp4 with Fprop's x scaled by its amax (the default) and at unit scale, no amax pass
-#            (recipe_fp8_x_scale=unit; 204 s), then the checks set's 300-step telemetry run at unit
-#            scale (about 240 s more)
+#            (recipe_fp8_x_scale=unit), the same for the MoE, then the checks set's 300-step
+#            telemetry run at unit scale (234 s without the MoE table on a fresh H100, which took
+#            172 s more)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate: bf16 and
 #            mxfp4 on FP8 GEMMs, x packed and as FP8 (331 s on a fresh H100; each recipe compiles
@@ -63,6 +64,8 @@ fp8_unit_x)
     done
     grep -h "^ok \|FAIL\|checks passed" "$OUT/check_unit_x.log"
     one fp8_gemm_unit_x 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit
+    one fp8_gemm_unit_x_moe 300 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit
     # x's blocks out of the unit scale's window in a real run (telemetry; as the checks set's)
     timeout 240 python3 train.py configs/gpu/ablate_gpt.py --recipe=mxint4 --recipe_fp8_gemm=True \
