@@ -279,6 +279,13 @@ def check_config(cfg):
     if cfg["eval_only"] and init == "scratch":
         raise ConfigError("eval_only=True would evaluate a freshly initialized model: add "
                           "--init_from=resume (out_dir's ckpt.pt, or --resume_from=PATH)")
+    if cfg["lr_schedule"] == "constant":   # it holds learning_rate after warmup: no decay
+        for key in ("min_lr", "lr_decay_iters"):
+            if cfg[key] != DEFAULTS[key]:
+                raise ConfigError(f"{key}={cfg[key]} is read only by lr_schedule 'cosine' and "
+                                  f"'wsd' (it is 'constant'): add --lr_schedule=cosine (or wsd), "
+                                  f"or drop {key} (--{key}={DEFAULTS[key]}, its default, "
+                                  f"overrides a config file's)")
     if cfg["min_lr"] > cfg["learning_rate"] and cfg["lr_schedule"] != "constant":
         raise ConfigError(f"min_lr={cfg['min_lr']} is above learning_rate={cfg['learning_rate']}: "
                           f"the decay would raise the learning rate")

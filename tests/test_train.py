@@ -106,6 +106,15 @@ def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
         train.get_config([arg])
 
+@pytest.mark.parametrize("key, value", [("min_lr", 1e-4), ("lr_decay_iters", 300)])
+def test_constant_schedule_refuses_the_decay_keys(key, value):
+    # the constant schedule never decays: a min_lr or lr_decay_iters given with it would be ignored
+    with pytest.raises(train.ConfigError, match=rf"{key}={value} is read only by lr_schedule "
+                       rf"'cosine' and 'wsd' \(it is 'constant'\).*--{key}="):
+        train.get_config(["--lr_schedule=constant", f"--{key}={value}"])
+    train.get_config(["--lr_schedule=constant", f"--{key}={train.DEFAULTS[key]}"])
+    train.get_config([f"--{key}={value}"])   # the cosine default reads it
+
 def test_model_keys_are_gptconfigs_fields():
     import dataclasses
     from model import GPTConfig
@@ -410,7 +419,8 @@ def test_resume_and_eval_only_from_the_checkpoint_alone(ds, tmp_path, capsys):
 def test_resume_checks_the_config_with_the_checkpoints_keys_in(ds, tmp_path):
     """A key given on resume is checked against the checkpoint's other keys, not the defaults;
     a conflict caused by a key taken from the checkpoint says where it came from."""
-    run(ds, tmp_path / "c", max_iters=2, eval_interval=2, lr_schedule="constant")
+    run(ds, tmp_path / "c", max_iters=2, eval_interval=2, lr_schedule="constant",
+        min_lr=train.DEFAULTS["min_lr"])   # (the constant schedule reads no min_lr)
     bare = [f"--out_dir={tmp_path / 'c'}", "--init_from=resume", "--device=cpu", "--backend=torch"]
     train.main(bare + ["--learning_rate=1e-5", "--max_iters=3"])   # below the default min_lr: fine
     run(ds, tmp_path / "m", max_iters=2, eval_interval=2, recipe="mxfp4", recipe_fp8_gemm=True,
