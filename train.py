@@ -296,6 +296,11 @@ def check_config(cfg):
     if cfg["lr_schedule"] != "wsd" and cfg["wsd_decay_frac"] != DEFAULTS["wsd_decay_frac"]:
         raise ConfigError(f"wsd_decay_frac={cfg['wsd_decay_frac']} is read only with lr_schedule="
                           f"'wsd' (it is {cfg['lr_schedule']!r}): add --lr_schedule=wsd, or drop it")
+    if not cfg["wandb_log"]:
+        for key in ("wandb_mode", "wandb_project", "wandb_run_name"):
+            if cfg[key] != DEFAULTS[key]:
+                raise ConfigError(f"{key}={cfg[key]!r} is read only with wandb_log=True (it is "
+                                  f"False): add --wandb_log=True, or drop {key}")
     if not cfg["dataset"] or os.path.basename(cfg["dataset"]) != cfg["dataset"] \
             or cfg["dataset"] in (".", ".."):
         raise ConfigError(f"dataset={cfg['dataset']!r} must be a plain name (a folder under "

@@ -835,6 +835,15 @@ def fake_wandb(monkeypatch):
     return fake
 
 
+@pytest.mark.parametrize("key, value", [("wandb_mode", "online"), ("wandb_project", "p"),
+                                        ("wandb_run_name", "r")])
+def test_wandb_keys_without_wandb_log_are_refused(key, value):
+    # without wandb_log nothing goes to wandb: a mode, project or run name given would be ignored
+    with pytest.raises(train.ConfigError, match=rf"{key}='{value}' is read only with wandb_log=True "
+                       rf"\(it is False\): add --wandb_log=True, or drop {key}"):
+        train.get_config([f"--{key}={value}"])
+    train.get_config([f"--{key}={value}", "--wandb_log=True"])
+
 @pytest.mark.parametrize("env, given, want", [
     ({}, {}, dict(project="nanofp4", mode="offline")),            # never online unasked
     ({"WANDB_MODE": "disabled"}, {}, dict(project="nanofp4")),    # the environment wins...
