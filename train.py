@@ -668,8 +668,8 @@ def dataset_inputs(c):
 
 
 def build_tokenizer(c):
-    """The tokenizer a build from --dataset_input uses ("" is char)."""
-    return c.dataset_tokenizer or "char"
+    """The tokenizer a build from --dataset_input uses ("" is data/prepare.py's default, char)."""
+    return c.dataset_tokenizer or data.prepare.DEFAULT_TOKENIZER
 
 
 def built_from(meta):
