@@ -782,6 +782,9 @@ def setup_model(run):
     if run.recipe.quantized and len(kept) == c.n_layer:
         run.log(f"warning: recipe {run.recipe.name} keeps all {c.n_layer} blocks in bf16 (its "
                 f"first/last-block rule): no layer is quantized, the run is a bf16 run")
+    if c.telemetry_interval and (not run.recipe.quantized or len(kept) == c.n_layer):
+        run.log(f"note: telemetry_interval={c.telemetry_interval} logs nothing in this run: it "
+                f"measures quantized GEMM operands, and recipe {run.recipe.name} quantizes no layer")
     if not c.compile and c.compile_mode != "default":
         run.log(f"note: compile_mode={c.compile_mode!r} has no effect with compile=False (the "
                 f"model runs eager)")

@@ -235,6 +235,20 @@ def test_compile_mode_without_compile_is_noted(ds, tmp_path, capsys):
     run(ds, tmp_path / "a", max_iters=1, eval_interval=1, compile_mode="reduce-overhead")
     assert "note: compile_mode='reduce-overhead' has no effect with compile=False" in capsys.readouterr().out
 
+def test_telemetry_without_a_quantized_layer_is_noted(ds, tmp_path, capsys):
+    """Telemetry measures quantized operands: a bf16 run logs none, and says so (not an error:
+    the ablation configs set it for every arm, bf16 included)."""
+    run(ds, tmp_path / "a", max_iters=1, eval_interval=1, telemetry_interval=1)
+    assert "note: telemetry_interval=1 logs nothing in this run: it measures quantized GEMM " \
+        "operands, and recipe bf16 quantizes no layer" in capsys.readouterr().out
+    assert read_log(str(tmp_path / "a"), "telemetry") == []
+    run(ds, tmp_path / "b", max_iters=1, eval_interval=1, telemetry_interval=1, recipe="ufp4",
+        recipe_bf16_first=2)
+    assert "telemetry_interval=1 logs nothing" in capsys.readouterr().out
+    run(ds, tmp_path / "c", max_iters=1, eval_interval=1, telemetry_interval=1, recipe="ufp4")
+    assert "logs nothing" not in capsys.readouterr().out
+    assert len(read_log(str(tmp_path / "c"), "telemetry")) == 1
+
 def test_a_recipe_that_keeps_every_block_in_bf16_warns(ds, tmp_path, capsys):
     run(ds, tmp_path / "a", max_iters=1, eval_interval=1, recipe="ufp4", recipe_bf16_first=1,
         recipe_bf16_last=1)
