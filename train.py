@@ -279,6 +279,13 @@ def check_config(cfg):
     if cfg["eval_only"] and init == "scratch":
         raise ConfigError("eval_only=True would evaluate a freshly initialized model: add "
                           "--init_from=resume (out_dir's ckpt.pt, or --resume_from=PATH)")
+    if cfg["lr_schedule"] == "constant":   # it holds learning_rate after warmup: no decay
+        for key in ("min_lr", "lr_decay_iters"):
+            if cfg[key] != DEFAULTS[key]:
+                raise ConfigError(f"{key}={cfg[key]} is read only by lr_schedule 'cosine' and "
+                                  f"'wsd' (it is 'constant'): add --lr_schedule=cosine (or wsd), "
+                                  f"or drop {key} (--{key}={DEFAULTS[key]}, its default, "
+                                  f"overrides a config file's)")
     if cfg["min_lr"] > cfg["learning_rate"] and cfg["lr_schedule"] != "constant":
         raise ConfigError(f"min_lr={cfg['min_lr']} is above learning_rate={cfg['learning_rate']}: "
                           f"the decay would raise the learning rate")
@@ -289,6 +296,11 @@ def check_config(cfg):
     if cfg["lr_schedule"] != "wsd" and cfg["wsd_decay_frac"] != DEFAULTS["wsd_decay_frac"]:
         raise ConfigError(f"wsd_decay_frac={cfg['wsd_decay_frac']} is read only with lr_schedule="
                           f"'wsd' (it is {cfg['lr_schedule']!r}): add --lr_schedule=wsd, or drop it")
+    if not cfg["wandb_log"]:
+        for key in ("wandb_mode", "wandb_project", "wandb_run_name"):
+            if cfg[key] != DEFAULTS[key]:
+                raise ConfigError(f"{key}={cfg[key]!r} is read only with wandb_log=True (it is "
+                                  f"False): add --wandb_log=True, or drop {key}")
     if not cfg["dataset"] or os.path.basename(cfg["dataset"]) != cfg["dataset"] \
             or cfg["dataset"] in (".", ".."):
         raise ConfigError(f"dataset={cfg['dataset']!r} must be a plain name (a folder under "
@@ -656,8 +668,8 @@ def dataset_inputs(c):
 
 
 def build_tokenizer(c):
-    """The tokenizer a build from --dataset_input uses ("" is char)."""
-    return c.dataset_tokenizer or "char"
+    """The tokenizer a build from --dataset_input uses ("" is data/prepare.py's default, char)."""
+    return c.dataset_tokenizer or data.prepare.DEFAULT_TOKENIZER
 
 
 def built_from(meta):
@@ -770,6 +782,9 @@ def setup_model(run):
     if run.recipe.quantized and len(kept) == c.n_layer:
         run.log(f"warning: recipe {run.recipe.name} keeps all {c.n_layer} blocks in bf16 (its "
                 f"first/last-block rule): no layer is quantized, the run is a bf16 run")
+    if c.telemetry_interval and (not run.recipe.quantized or len(kept) == c.n_layer):
+        run.log(f"note: telemetry_interval={c.telemetry_interval} logs nothing in this run: it "
+                f"measures quantized GEMM operands, and recipe {run.recipe.name} quantizes no layer")
     if not c.compile and c.compile_mode != "default":
         run.log(f"note: compile_mode={c.compile_mode!r} has no effect with compile=False (the "
                 f"model runs eager)")

@@ -3,6 +3,9 @@ Any local text files -> train.bin / val.bin / meta.json, in the same format as t
 Each file is one document (see data.common.SPLIT_RULE for the split).
 
     python data/prepare.py --input notes.txt book.txt --out data/mycorpus [--tokenizer char|gpt2] [--val_fraction 0.1]
+
+The tokenizer is char unless --tokenizer says gpt2: the same default as train.py's
+--dataset_input, so both build the same dataset from the same files.
 """
 import argparse
 import os
@@ -13,8 +16,10 @@ if __name__ == "__main__" and not __package__:
 from data import DATASETS
 from data.common import clean_text, read_text_file, sha256_file, write_dataset
 
+DEFAULT_TOKENIZER = "char"   # train.py builds from --dataset_input with it too
 
-def prepare(input_paths, out_dir, tokenizer="gpt2", val_fraction=0.1):
+
+def prepare(input_paths, out_dir, tokenizer=DEFAULT_TOKENIZER, val_fraction=0.1):
     # each file counted under its path as given: two notes.txt from different folders stay apart
     documents = [(path, clean_text(read_text_file(path))) for path in input_paths]
     return write_dataset(out_dir, documents, tokenizer=tokenizer, val_fraction=val_fraction,
@@ -26,7 +31,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", required=True, help="UTF-8 text files, one document each")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--tokenizer", choices=["char", "gpt2"], default="gpt2")
+    parser.add_argument("--tokenizer", choices=["char", "gpt2"], default=DEFAULT_TOKENIZER,
+                        help="char (the default, as train.py's --dataset_input builds) or gpt2 "
+                             "(GPT-2 BPE)")
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args()
     name = os.path.basename(os.path.normpath(args.out))
@@ -39,4 +46,4 @@ if __name__ == "__main__":
         meta = prepare(args.input, args.out, args.tokenizer, args.val_fraction)
     except (ValueError, RuntimeError, OSError) as e:
         sys.exit(f"error: {e}")
-    print(f"vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens -> {args.out}")
+    print(f"{args.tokenizer} tokenizer, vocab {meta['vocab_size']}, train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens -> {args.out}")

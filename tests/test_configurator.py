@@ -47,7 +47,8 @@ def test_help_lists_every_key_with_default_type_and_meaning(script, module):
 def test_text_keys_take_text_as_written(tmp_path):
     """true, false, None and numbers are text where a key holds text (None only where the key
     may be None); a bool key's value is still a bool."""
-    c = train.get_config(["--dataset=true", "--wandb_run_name=False", "--out_dir=2024"])
+    c = train.get_config(["--dataset=true", "--wandb_log=True", "--wandb_run_name=False",
+                          "--out_dir=2024"])
     assert (c["dataset"], c["wandb_run_name"], c["out_dir"]) == ("true", "False", "2024")
     cfg, _ = configurator.parse(["--start=None", "--name=True"], dict(start="\n", name="x"))
     assert cfg == dict(start="None", name="True")
@@ -60,7 +61,7 @@ def test_config_file_with_a_bom_or_a_coding_line_runs_as_python_runs_it(tmp_path
     bom.write_bytes(b"\xef\xbb\xbfbatch_size = 7\n")
     latin = tmp_path / "latin.py"
     latin.write_bytes(b"# -*- coding: latin-1 -*-\nwandb_run_name = 'caf\xe9'\n")
-    c = train.get_config([str(bom), str(latin)])
+    c = train.get_config([str(bom), str(latin), "--wandb_log=True"])
     assert c["batch_size"] == 7 and c["wandb_run_name"] == "caf\u00e9"
 
 

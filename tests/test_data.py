@@ -129,6 +129,17 @@ def test_generic_prepare_script(tmp_path):
     assert [i["sha256"] for i in meta["inputs"]] == [common.sha256_file(a), common.sha256_file(b)]
 
 
+def test_prepare_script_defaults_to_the_tokenizer_train_py_builds_with(tmp_path):
+    # one text, one dataset: the script and train.py --dataset_input (without a tokenizer) agree
+    a = tmp_path / "a.txt"
+    a.write_text("To be, or not to be, that is the question\n")
+    p = subprocess.run([sys.executable, os.path.join(REPO, "data", "prepare.py"), "--input", str(a),
+                        "--out", str(tmp_path / "out"), "--val_fraction", "0.5"], check=True,
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert data.load_meta(str(tmp_path / "out"))["tokenizer"] == "char"
+    assert p.stdout.startswith("char tokenizer, vocab ")
+
+
 def test_drop_repeated_paragraphs():
     long = "a paragraph long enough to count as a duplicate " * 3
     docs = [("x", f"{long}\n\nACT I.\n"), ("y", f"ACT I.\n\n{long.replace(' ', '  ')}\n\nnew text\n")]

@@ -106,6 +106,15 @@ def test_wrong_types(arg, msg):
     with pytest.raises(train.ConfigError, match=msg):
         train.get_config([arg])
 
+@pytest.mark.parametrize("key, value", [("min_lr", 1e-4), ("lr_decay_iters", 300)])
+def test_constant_schedule_refuses_the_decay_keys(key, value):
+    # the constant schedule never decays: a min_lr or lr_decay_iters given with it would be ignored
+    with pytest.raises(train.ConfigError, match=rf"{key}={value} is read only by lr_schedule "
+                       rf"'cosine' and 'wsd' \(it is 'constant'\).*--{key}="):
+        train.get_config(["--lr_schedule=constant", f"--{key}={value}"])
+    train.get_config(["--lr_schedule=constant", f"--{key}={train.DEFAULTS[key]}"])
+    train.get_config([f"--{key}={value}"])   # the cosine default reads it
+
 def test_model_keys_are_gptconfigs_fields():
     import dataclasses
     from model import GPTConfig
@@ -225,6 +234,20 @@ def test_warmup_longer_than_the_run_warns(ds, tmp_path, capsys):
 def test_compile_mode_without_compile_is_noted(ds, tmp_path, capsys):
     run(ds, tmp_path / "a", max_iters=1, eval_interval=1, compile_mode="reduce-overhead")
     assert "note: compile_mode='reduce-overhead' has no effect with compile=False" in capsys.readouterr().out
+
+def test_telemetry_without_a_quantized_layer_is_noted(ds, tmp_path, capsys):
+    """Telemetry measures quantized operands: a bf16 run logs none, and says so (not an error:
+    the ablation configs set it for every arm, bf16 included)."""
+    run(ds, tmp_path / "a", max_iters=1, eval_interval=1, telemetry_interval=1)
+    assert "note: telemetry_interval=1 logs nothing in this run: it measures quantized GEMM " \
+        "operands, and recipe bf16 quantizes no layer" in capsys.readouterr().out
+    assert read_log(str(tmp_path / "a"), "telemetry") == []
+    run(ds, tmp_path / "b", max_iters=1, eval_interval=1, telemetry_interval=1, recipe="ufp4",
+        recipe_bf16_first=2)
+    assert "telemetry_interval=1 logs nothing" in capsys.readouterr().out
+    run(ds, tmp_path / "c", max_iters=1, eval_interval=1, telemetry_interval=1, recipe="ufp4")
+    assert "logs nothing" not in capsys.readouterr().out
+    assert len(read_log(str(tmp_path / "c"), "telemetry")) == 1
 
 def test_a_recipe_that_keeps_every_block_in_bf16_warns(ds, tmp_path, capsys):
     run(ds, tmp_path / "a", max_iters=1, eval_interval=1, recipe="ufp4", recipe_bf16_first=1,
@@ -410,7 +433,8 @@ def test_resume_and_eval_only_from_the_checkpoint_alone(ds, tmp_path, capsys):
 def test_resume_checks_the_config_with_the_checkpoints_keys_in(ds, tmp_path):
     """A key given on resume is checked against the checkpoint's other keys, not the defaults;
     a conflict caused by a key taken from the checkpoint says where it came from."""
-    run(ds, tmp_path / "c", max_iters=2, eval_interval=2, lr_schedule="constant")
+    run(ds, tmp_path / "c", max_iters=2, eval_interval=2, lr_schedule="constant",
+        min_lr=train.DEFAULTS["min_lr"])   # (the constant schedule reads no min_lr)
     bare = [f"--out_dir={tmp_path / 'c'}", "--init_from=resume", "--device=cpu", "--backend=torch"]
     train.main(bare + ["--learning_rate=1e-5", "--max_iters=3"])   # below the default min_lr: fine
     run(ds, tmp_path / "m", max_iters=2, eval_interval=2, recipe="mxfp4", recipe_fp8_gemm=True,
@@ -824,6 +848,15 @@ def fake_wandb(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     return fake
 
+
+@pytest.mark.parametrize("key, value", [("wandb_mode", "online"), ("wandb_project", "p"),
+                                        ("wandb_run_name", "r")])
+def test_wandb_keys_without_wandb_log_are_refused(key, value):
+    # without wandb_log nothing goes to wandb: a mode, project or run name given would be ignored
+    with pytest.raises(train.ConfigError, match=rf"{key}='{value}' is read only with wandb_log=True "
+                       rf"\(it is False\): add --wandb_log=True, or drop {key}"):
+        train.get_config([f"--{key}={value}"])
+    train.get_config([f"--{key}={value}", "--wandb_log=True"])
 
 @pytest.mark.parametrize("env, given, want", [
     ({}, {}, dict(project="nanofp4", mode="offline")),            # never online unasked
