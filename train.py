@@ -279,13 +279,6 @@ def check_config(cfg):
     if cfg["eval_only"] and init == "scratch":
         raise ConfigError("eval_only=True would evaluate a freshly initialized model: add "
                           "--init_from=resume (out_dir's ckpt.pt, or --resume_from=PATH)")
-    if cfg["lr_schedule"] == "constant":   # it holds learning_rate after warmup: no decay
-        for key in ("min_lr", "lr_decay_iters"):
-            if cfg[key] != DEFAULTS[key]:
-                raise ConfigError(f"{key}={cfg[key]} is read only by lr_schedule 'cosine' and "
-                                  f"'wsd' (it is 'constant'): add --lr_schedule=cosine (or wsd), "
-                                  f"or drop {key} (--{key}={DEFAULTS[key]}, its default, "
-                                  f"overrides a config file's)")
     if cfg["min_lr"] > cfg["learning_rate"] and cfg["lr_schedule"] != "constant":
         raise ConfigError(f"min_lr={cfg['min_lr']} is above learning_rate={cfg['learning_rate']}: "
                           f"the decay would raise the learning rate")
@@ -788,6 +781,10 @@ def setup_model(run):
     if not c.compile and c.compile_mode != "default":
         run.log(f"note: compile_mode={c.compile_mode!r} has no effect with compile=False (the "
                 f"model runs eager)")
+    moot = [f"{k}={getattr(c, k)}" for k in ("min_lr", "lr_decay_iters") if getattr(c, k) != DEFAULTS[k]]
+    if c.lr_schedule == "constant" and moot:  # a note: config files set min_lr for their decay
+        run.log(f"note: lr_schedule='constant' holds learning_rate after warmup, so {' and '.join(moot)} "
+                f"have no effect (cosine and wsd read them)")
     if 0 < c.max_iters <= c.warmup_iters and not c.eval_only:
         run.log(f"warning: warmup_iters={c.warmup_iters} >= max_iters={c.max_iters}: the learning "
                 f"rate rises all run and ends at {get_lr(c.max_iters - 1, c):.3g}, short of "
