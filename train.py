@@ -695,7 +695,7 @@ def dataset_needs_build(c, path):
                               else "not found") + ": give text files, comma-separated")
     digests = [sha256_file(p) for p in inputs]   # read once: the named-copy check and the cache key
     if inputs and c.dataset in data.DATASETS:
-        check_named_copy(c.dataset, inputs, digests)
+        check_named_copy(c.dataset, inputs, digests, build_tokenizer(c))
     buildable = bool(inputs) or c.dataset in data.DATASETS
     if not all(os.path.exists(os.path.join(path, f)) for f in ("train.bin", "val.bin", "meta.json")):
         if not buildable:
@@ -717,13 +717,19 @@ def dataset_needs_build(c, path):
     return ""
 
 
-def check_named_copy(name, inputs, digests):
+def check_named_copy(name, inputs, digests, tokenizer):
     """--dataset_input with a named dataset takes only a local copy of that dataset's own source
-    file (offline use; its prepare.py names the file's SHA256), never other text under its name:
-    later runs of the name would train on that text."""
-    want = getattr(importlib.import_module(f"data.{name}.prepare"), "SHA256", None)
+    file (offline use; its prepare.py names the file's SHA256 and TOKENIZER), never other text
+    or another tokenizer under its name: later runs of the name would train on that."""
+    script = importlib.import_module(f"data.{name}.prepare")
+    want = getattr(script, "SHA256", None)
     if want and digests == [want]:
-        return
+        if tokenizer == script.TOKENIZER:
+            return
+        raise ConfigError(f"--dataset_tokenizer={tokenizer} would build the named dataset "
+                          f"{name!r}, which is tokenized with {script.TOKENIZER}: drop "
+                          f"--dataset_tokenizer, or give the {tokenizer} build a name of its own "
+                          f"(--dataset=NAME)")
     source = f"; for {name} only a copy of its source file (sha256 {want[:12]}...) is taken" \
         if want else ""
     raise ConfigError(f"--dataset_input would build the named dataset {name!r} from "

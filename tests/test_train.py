@@ -336,6 +336,25 @@ def test_a_named_dataset_takes_no_other_text(tmp_path):
                                  dataset_input=str(text), dry_run=True))
         assert not os.path.exists(tmp_path / "data" / name)
 
+def test_a_named_dataset_keeps_its_tokenizer(tmp_path, monkeypatch):
+    """A copy of a named dataset's own source builds it only with the tokenizer its name fixes:
+    tinyshakespeare_char tokenized with gpt2 would be read as the char-level dataset later."""
+    import data.tinyshakespeare_char.prepare as tiny
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 200)
+    monkeypatch.setattr(tiny, "SHA256", train.sha256_file(str(text)))   # stands in for input.txt
+    folder = str(tmp_path / "data" / "tinyshakespeare_char")
+    with pytest.raises(train.ConfigError, match=r"--dataset_tokenizer=gpt2 would build the named "
+                       r"dataset 'tinyshakespeare_char', which is tokenized with char: drop "
+                       r"--dataset_tokenizer, or give the gpt2 build a name of its own"):
+        train.main(tiny_args(folder, str(tmp_path / "o"), dataset_input=str(text),
+                             dataset_tokenizer="gpt2", dry_run=True))
+    assert not os.path.exists(folder)
+    for tokenizer in ("", "char"):
+        train.main(tiny_args(folder, str(tmp_path / "o"), dataset_input=str(text),
+                             dataset_tokenizer=tokenizer, dry_run=True))
+        assert json.load(open(os.path.join(folder, "meta.json")))["tokenizer"] == "char"
+
 def test_nanogpt_comparison_config_offline_is_one_line(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise OSError("Name or service not known")

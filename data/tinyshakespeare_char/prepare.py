@@ -20,6 +20,7 @@ from data.common import DEFAULT_CACHE_DIR, clean_text, read_text_file, sha256_fi
 HERE = os.path.dirname(os.path.abspath(__file__))
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+TOKENIZER = "char"   # as its name says: train.py builds a local copy with no other
 
 
 def fetch(cache_dir=DEFAULT_CACHE_DIR):
@@ -48,7 +49,7 @@ def prepare(out_dir=HERE, cache_dir=DEFAULT_CACHE_DIR, input_path=None, val_frac
         raise ValueError(f"{input_path} is not tinyshakespeare's input.txt (sha256 "
                          f"{digest[:12]}..., not {SHA256[:12]}...): other text gets a dataset of its "
                          f"own (data/prepare.py, or train.py --dataset=NAME --dataset_input=FILE)")
-    return write_dataset(out_dir, [(os.path.basename(path), text)], tokenizer="char",
+    return write_dataset(out_dir, [(os.path.basename(path), text)], tokenizer=TOKENIZER,
                          val_fraction=val_fraction, source=f"tinyshakespeare from {input_path or URL}",
                          inputs=[(input_path or URL, digest)])
 
