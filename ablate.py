@@ -339,7 +339,7 @@ class Plan:
     extra: list         # --key=value for train.py, for bases and forks alike
     out: str
     end: int            # every fork runs to this step
-    schedule: int       # lr_decay_iters of bases and forks: one schedule for all (0: constant)
+    schedule: int       # lr_decay_iters of bases and forks: one schedule for all
     eval_iters: int     # val (and train) batches of the forks' evals
     drop_ckpts: bool = False
 
@@ -520,9 +520,7 @@ def make_plan(args, extra, parser):
     points = args.fork_at or [round(2 * end / 3)]
     if not all(0 < p < end for p in points):
         parser.error(f"--fork_at={points} must lie strictly between 0 and the fork end {end}")
-    # (a constant schedule reads no lr_decay_iters, and train.py refuses one set with it)
-    schedule = 0 if cfg["lr_schedule"] == "constant" else cfg["lr_decay_iters"] or cfg["max_iters"]
-    plan = Plan(args.config, list(extra), args.out, end, schedule,
+    plan = Plan(args.config, list(extra), args.out, end, cfg["lr_decay_iters"] or cfg["max_iters"],
                 args.eval_iters or cfg["eval_iters"], args.drop_fork_ckpts)
     os.makedirs(plan.out, exist_ok=True)
     stamp_path = os.path.join(plan.out, "ablate.json")

@@ -226,20 +226,6 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "do not pair" in capsys.readouterr().err
 
 
-def test_a_constant_schedule_gets_no_lr_decay_iters(tmp_path):
-    """Bases and forks share one lr_decay_iters, but a constant schedule reads none, and
-    train.py refuses one set with it: there they get the default (0)."""
-    parser = ablate.build_parser()
-    args, rest = parser.parse_known_args(["fork", "configs/gpt_ablate.py", f"--out={tmp_path}",
-                                          "--lr_schedule=constant", "--min_lr=6e-05"])
-    args.arms, args.base_recipes, args.fork_at = ["bf16"], ["bf16"], []
-    plan, points = ablate.make_plan(args, rest, parser)
-    for argv in (ablate.base_jobs(plan, "bf16", 0, points)[0].argv(),
-                 ablate.fork_job(plan, "bf16", 0, points[0], "e2m1").argv()):
-        assert "--lr_decay_iters=0" in argv
-        train.get_config(argv)   # what train.py checks first
-
-
 def test_seeds_sweep_runs_pairs_and_resumes(tmp_path):
     ds = make_char_dataset(str(tmp_path / "data" / "tiny"))
     cfg = write_config(tmp_path, ds, max_iters=6, eval_interval=6, log_interval=1)
