@@ -647,10 +647,13 @@ def setup_data(run):
         raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
     have = run.meta.get("tokenizer")
     if c.dataset_tokenizer and not inputs and have != c.dataset_tokenizer:
+        # a named dataset keeps its own tokenizer (check_named_copy): another needs another name
+        fix = ("build one of another name with --dataset=NAME --dataset_input=FILE[,FILE...]"
+               if c.dataset in data.DATASETS else
+               "rebuild the dataset from text files with --dataset_input=FILE[,FILE...]")
         raise ConfigError(f"--dataset_tokenizer={c.dataset_tokenizer} is read only with "
                           f"--dataset_input, and dataset {c.dataset!r} in {run.data_path} is "
-                          f"tokenized with {have}: drop it, or rebuild the dataset from text "
-                          f"files with --dataset_input=FILE[,FILE...]")
+                          f"tokenized with {have}: drop it, or {fix}")
     run.train_loader = make_loader(run, "train", c.seed)
     make_loader(run, "val", c.seed)  # fail now, not at the first eval, if val.bin is too short
 
@@ -790,7 +793,7 @@ def setup_model(run):
     moot = [f"{k}={getattr(c, k)}" for k in ("min_lr", "lr_decay_iters") if getattr(c, k) != DEFAULTS[k]]
     if c.lr_schedule == "constant" and moot:  # a note: config files set min_lr for their decay
         run.log(f"note: lr_schedule='constant' holds learning_rate after warmup, so {' and '.join(moot)} "
-                f"have no effect (cosine and wsd read them)")
+                f"{'has' if len(moot) == 1 else 'have'} no effect (cosine and wsd read them)")
     if 0 < c.max_iters <= c.warmup_iters and not c.eval_only:
         run.log(f"warning: warmup_iters={c.warmup_iters} >= max_iters={c.max_iters}: the learning "
                 f"rate rises all run and ends at {get_lr(c.max_iters - 1, c):.3g}, short of "

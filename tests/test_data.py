@@ -3,6 +3,7 @@ sources are tiny synthetic archives and folders built here; real downloads are o
 are already in the local cache, and those tests skip otherwise."""
 import gzip
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -635,3 +636,10 @@ def test_the_shakespeare_scripts_write_other_text_only_into_a_folder_of_its_own(
     p = subprocess.run([sys.executable, script, "--input", str(text), "--out", str(tmp_path / "mine")],
                        cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 0 and os.path.exists(tmp_path / "mine" / "meta.json"), p.stderr
+
+@pytest.mark.parametrize("name", data.DATASETS)
+def test_a_named_dataset_with_a_source_digest_names_its_tokenizer(name):
+    # train.py builds a local copy of such a source under the name, with that tokenizer only
+    script = importlib.import_module(f"data.{name}.prepare")
+    if getattr(script, "SHA256", None):
+        assert getattr(script, "TOKENIZER", None) in ("char", "gpt2")

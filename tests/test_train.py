@@ -1315,6 +1315,11 @@ def test_a_tokenizer_without_input_files_is_an_error(ds, tmp_path):
                        r"--dataset_input, and dataset .* is tokenized with char: drop it"):
         run(ds, tmp_path / "o", dry_run=True, dataset_tokenizer="gpt2")
     run(ds, tmp_path / "o", dry_run=True, dataset_tokenizer="char")
+    # a named dataset keeps its tokenizer (check_named_copy): the fix is a build of another name
+    named = make_char_dataset(str(tmp_path / "data" / "tinyshakespeare_char"))
+    with pytest.raises(train.ConfigError, match=r"is tokenized with char: drop it, or build one "
+                       r"of another name with --dataset=NAME --dataset_input="):
+        run(named, tmp_path / "n", dry_run=True, dataset_tokenizer="gpt2")
 
 def test_resume_does_not_take_a_tokenizer_without_input_files(ds, tmp_path):
     """A checkpoint's dataset_tokenizer (older runs stored "char", the default then, for gpt2
