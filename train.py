@@ -293,7 +293,8 @@ def check_config(cfg):
         for key in ("wandb_mode", "wandb_project", "wandb_run_name"):
             if cfg[key] != DEFAULTS[key]:
                 raise ConfigError(f"{key}={cfg[key]!r} is read only with wandb_log=True (it is "
-                                  f"False): add --wandb_log=True, or drop {key}")
+                                  f"False): add --wandb_log=True, or drop {key} (--{key}= on the "
+                                  f"command line clears a config file's)")
     if not cfg["dataset"] or os.path.basename(cfg["dataset"]) != cfg["dataset"] \
             or cfg["dataset"] in (".", ".."):
         raise ConfigError(f"dataset={cfg['dataset']!r} must be a plain name (a folder under "
