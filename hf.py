@@ -240,9 +240,10 @@ def export(src, hf_dir, dtype="float32"):
     meta = ckpt.get("meta")
     state = (llama_state if kind == "llama" else gpt2_state)(ckpt["model"], cfg)
     os.makedirs(hf_dir, exist_ok=True)
-    earlier = os.path.isfile(os.path.join(hf_dir, "nanofp4.json"))   # (every export writes it)
-    old = [f for f in TOKENIZER_FILES if earlier and os.path.isfile(os.path.join(hf_dir, f))]
-    for f in old:   # only an earlier export's files: anything else in the folder stays
+    old = []   # only an earlier export's files (every export writes nanofp4.json): others stay
+    if os.path.isfile(os.path.join(hf_dir, "nanofp4.json")):
+        old = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(hf_dir, f))]
+    for f in old:
         os.remove(os.path.join(hf_dir, f))
     hf_config(cfg, kind, meta, dtype).save_pretrained(hf_dir)
     state = {k: v.detach().to(getattr(torch, dtype)).contiguous().clone() for k, v in state.items()}

@@ -1255,7 +1255,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
                                       dtype=torch.float32 if INTERPRET else fp4.SCALE_DTYPES[fmt.scale])
         else:
             side.codes = side.scales = None
-        fixed = side.fp8 and side.fp8_scale is not None   # (the kernel writes the given scale)
+        fixed = side.fp8_scale is not None   # (the kernel writes the given scale)
         side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes or fixed else None
         if side.s_enc is not None and not M * N * A:  # no program runs to write it: an empty
             # tensor's scale is 1 (NVFP4's s_enc as for an all-zero tensor; FP8's), or the given one

@@ -782,10 +782,11 @@ def setup_model(run):
         run.log(f"note: {c.batch_size * c.block_size} tokens per micro-step are not a multiple of "
                 f"the Wgrad block: fp4 pads them with zero rows")
     kept = run.recipe.bf16_blocks(c.n_layer)
-    if run.recipe.quantized and len(kept) == c.n_layer:
+    quantizes_none = not run.recipe.quantized or len(kept) == c.n_layer
+    if run.recipe.quantized and quantizes_none:
         run.log(f"warning: recipe {run.recipe.name} keeps all {c.n_layer} blocks in bf16 (its "
                 f"first/last-block rule): no layer is quantized, the run is a bf16 run")
-    if c.telemetry_interval and (not run.recipe.quantized or len(kept) == c.n_layer):
+    if c.telemetry_interval and quantizes_none:
         run.log(f"note: telemetry_interval={c.telemetry_interval} logs nothing in this run: it "
                 f"measures quantized GEMM operands, and recipe {run.recipe.name} quantizes no layer")
     if not c.compile and c.compile_mode != "default":
