@@ -12,6 +12,9 @@
 #            172 s more)
 #   fp8_unit_x_wide, fp8_unit_x_mxint4  the same table (no checks) for the wide 24 x 2048 model,
 #            and for dense GPT-2 small's mxint4 (its Fprop has the RHT)
+#   fp8_combo  the fastest combinations measured one by one, together: dense GPT-2 small's mxfp4
+#            and mxint4 with x at unit scale, each with Wgrad's x kept packed and as FP8; then
+#            the MoE's mxfp4 at unit scale with all three GEMMs in fast accumulation
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate: bf16 and
 #            mxfp4 on FP8 GEMMs, x packed and as FP8 (331 s on a fresh H100; each recipe compiles
@@ -33,7 +36,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -78,6 +81,12 @@ fp8_unit_x)
 fp8_unit_x_wide)
     one fp8_gemm_unit_x_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit ;;
+fp8_combo)
+    U=recipe_fp8_x_scale=unit
+    one fp8_gemm_combo 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F+$U,mxfp4+$F+$U+$X,mxint4+$F+$U,mxint4+$F+$U+$X
+    one fp8_gemm_combo_moe 170 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all ;;
 fp8_unit_x_mxint4)
     one fp8_gemm_unit_x_mxint4 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxint4+$F,mxint4+$F+recipe_fp8_x_scale=unit ;;
@@ -122,6 +131,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
