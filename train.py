@@ -714,6 +714,10 @@ def dataset_needs_build(c, path):
             raise ConfigError(f"dataset {c.dataset!r}: {e}") from None
         return "its meta.json is unreadable"
     if not inputs:
+        own = named_tokenizer(c.dataset)
+        if own and meta.get("tokenizer") != own:   # a build from before check_named_copy
+            return (f"it is tokenized with {meta.get('tokenizer')}, and {c.dataset!r} is a {own} "
+                    f"dataset: rebuilding it from its own source")
         return ""
     if built_from(meta) != (digests, build_tokenizer(c)):
         return (f"it was built from other files or another tokenizer ({meta.get('tokenizer')}) "
@@ -721,17 +725,24 @@ def dataset_needs_build(c, path):
     return ""
 
 
+def named_tokenizer(name):
+    """The tokenizer a named dataset's prepare.py fixes (TOKENIZER), or None."""
+    if name not in data.DATASETS:
+        return None
+    return getattr(importlib.import_module(f"data.{name}.prepare"), "TOKENIZER", None)
+
+
 def check_named_copy(name, inputs, digests, tokenizer):
     """--dataset_input with a named dataset takes only a local copy of that dataset's own source
     file (offline use; its prepare.py names the file's SHA256 and TOKENIZER), never other text
     or another tokenizer under its name: later runs of the name would train on that."""
-    script = importlib.import_module(f"data.{name}.prepare")
-    want = getattr(script, "SHA256", None)
+    want = getattr(importlib.import_module(f"data.{name}.prepare"), "SHA256", None)
     if want and digests == [want]:
-        if tokenizer == script.TOKENIZER:
+        own = named_tokenizer(name)
+        if tokenizer == own:
             return
         raise ConfigError(f"--dataset_tokenizer={tokenizer} would build the named dataset "
-                          f"{name!r}, which is tokenized with {script.TOKENIZER}: drop "
+                          f"{name!r}, which is tokenized with {own}: drop "
                           f"--dataset_tokenizer, or give the {tokenizer} build a name of its own "
                           f"(--dataset=NAME)")
     source = f"; for {name} only a copy of its source file (sha256 {want[:12]}...) is taken" \

@@ -355,6 +355,27 @@ def test_a_named_dataset_keeps_its_tokenizer(tmp_path, monkeypatch):
                              dataset_tokenizer=tokenizer, dry_run=True))
         assert json.load(open(os.path.join(folder, "meta.json")))["tokenizer"] == "char"
 
+def test_a_named_dataset_built_with_another_tokenizer_is_rebuilt(tmp_path, monkeypatch):
+    """A named dataset's folder tokenized otherwise than its name fixes (a gpt2 build of
+    tinyshakespeare_char from before check_named_copy) is rebuilt from the dataset's own source,
+    not read as it is; a dry run refuses it with that reason, and the right build is kept."""
+    folder = make_char_dataset(str(tmp_path / "data" / "tinyshakespeare_char"))
+    c = train.SimpleNamespace(dataset_input="", dataset_tokenizer="", dataset="tinyshakespeare_char")
+    assert train.dataset_needs_build(c, folder) == ""
+    meta_path = os.path.join(folder, "meta.json")
+    meta = json.load(open(meta_path))
+    json.dump(dict(meta, tokenizer="gpt2"), open(meta_path, "w"))
+    why = "it is tokenized with gpt2, and 'tinyshakespeare_char' is a char dataset"
+    assert train.dataset_needs_build(c, folder).startswith(why)
+    with pytest.raises(train.ConfigError, match=f"would be rebuilt \\({why}: rebuilding it from "
+                       "its own source\\), which a dry run does not do"):
+        train.main(tiny_args(folder, str(tmp_path / "o"), dry_run=True))
+    rebuilt = []
+    monkeypatch.setattr(train.data, "prepare_dataset", lambda name, data_dir, force:
+                        rebuilt.append((name, force)) or json.dump(meta, open(meta_path, "w")))
+    train.main(tiny_args(folder, str(tmp_path / "o"), max_iters=1, eval_interval=1))
+    assert rebuilt == [("tinyshakespeare_char", True)]
+
 def test_nanogpt_comparison_config_offline_is_one_line(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise OSError("Name or service not known")
