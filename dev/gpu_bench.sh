@@ -15,6 +15,9 @@
 #   fp8_combo  the fastest combinations measured one by one, together: dense GPT-2 small's mxfp4
 #            and mxint4 with x at unit scale, each with Wgrad's x kept packed and as FP8; then
 #            the MoE's mxfp4 at unit scale with all three GEMMs in fast accumulation
+#   fp8_window_unit  blocks out of the FP8 window with x at unit scale for mxfp4 (whose window's
+#            bottom is twice mxint4's): the 300-step run of the checks set, and 250 steps of dense
+#            GPT-2 small (compile_mode=default, which telemetry needs), at once on one GPU
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate: bf16 and
 #            mxfp4 on FP8 GEMMs, x packed and as FP8 (331 s on a fresh H100; each recipe compiles
@@ -36,7 +39,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -87,6 +90,16 @@ fp8_combo)
         --recipes=bf16,mxfp4+$F+$U,mxfp4+$F+$U+$X,mxint4+$F+$U,mxint4+$F+$U+$X
     one fp8_gemm_combo_moe 170 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all ;;
+fp8_window_unit)
+    W="--recipe=mxfp4 --recipe_fp8_gemm=True --recipe_fp8_x_scale=unit --overwrite=True"
+    timeout 300 python3 train.py configs/gpu/ablate_gpt.py $W --max_iters=300 --telemetry_interval=100 \
+        --eval_interval=300 --eval_iters=2 --out_dir=out/fp8_window_unit_mxfp4 > "$OUT/fp8_window_unit_mxfp4.log" 2>&1 &
+    timeout 420 python3 train.py configs/gpu/gpt2_small_bf16.py $W --compile_mode=default --max_iters=250 \
+        --telemetry_interval=50 --eval_interval=250 --eval_iters=2 --out_dir=out/fp8_window_unit_gpt2 \
+        > "$OUT/fp8_window_unit_gpt2.log" 2>&1
+    wait
+    for r in mxfp4 gpt2; do cp out/fp8_window_unit_$r/log.jsonl "$OUT/fp8_window_unit_${r}_log.jsonl" 2>/dev/null
+        echo "== fp8_window_unit_$r: $(tail -2 "$OUT/fp8_window_unit_$r.log" | tr '\n' ' ')" >> "$OUT/bench.log"; done ;;
 fp8_unit_x_mxint4)
     one fp8_gemm_unit_x_mxint4 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxint4+$F,mxint4+$F+recipe_fp8_x_scale=unit ;;
@@ -131,6 +144,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
