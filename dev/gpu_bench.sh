@@ -18,7 +18,7 @@
 #   fp8_window_unit  blocks out of the FP8 window with x at unit scale for mxfp4 (whose window's
 #            bottom is twice mxint4's): the 300-step run of the checks set, and 250 steps of dense
 #            GPT-2 small (compile_mode=default, which telemetry needs), at once on one GPU, each cut
-#            at about 4 minutes (log.jsonl keeps the telemetry steps reached)
+#            at CUT seconds (default 240; log.jsonl keeps the telemetry steps reached)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate: bf16 and
 #            mxfp4 on FP8 GEMMs, x packed and as FP8 (331 s on a fresh H100; each recipe compiles
@@ -93,9 +93,9 @@ fp8_combo)
         --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all ;;
 fp8_window_unit)
     W="--recipe=mxfp4 --recipe_fp8_gemm=True --recipe_fp8_x_scale=unit --overwrite=True"
-    timeout 230 python3 train.py configs/gpu/ablate_gpt.py $W --max_iters=300 --telemetry_interval=100 \
+    timeout "${CUT:-240}" python3 train.py configs/gpu/ablate_gpt.py $W --max_iters=300 --telemetry_interval=100 \
         --eval_interval=300 --eval_iters=2 --out_dir=out/fp8_window_unit_mxfp4 > "$OUT/fp8_window_unit_mxfp4.log" 2>&1 &
-    timeout 250 python3 train.py configs/gpu/gpt2_small_bf16.py $W --compile_mode=default --max_iters=250 \
+    timeout "${CUT:-240}" python3 train.py configs/gpu/gpt2_small_bf16.py $W --compile_mode=default --max_iters=250 \
         --telemetry_interval=50 --eval_interval=250 --eval_iters=2 --out_dir=out/fp8_window_unit_gpt2 \
         > "$OUT/fp8_window_unit_gpt2.log" 2>&1
     wait
