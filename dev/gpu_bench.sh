@@ -33,7 +33,7 @@
 #            memory (on an H100 bf16 ran out at its first AdamW step)
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
-#            eager; results/kernels/fp8_window_mxint4.md): about 6 minutes
+#            eager; results/kernels/fp8_window.md): about 6 minutes
 #   kernels  tests/gpu/check_kernels.py, --quick then at full size, each split over 4 processes
 #            that compile at once (--part=k/4; the quick check took 55 s so, 200+ s in one)
 # The FP8 tables run their recipe list forward and back (--rounds=2: a recipe that runs after
