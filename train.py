@@ -679,8 +679,17 @@ def refuse_resume_rebuild(run, inputs):
     other rebuild would fail resume's data check after replacing the data of other runs."""
     c, (ckpt, src) = run.c, run.resumed
     trained = ckpt.get("meta")
-    if not inputs or not trained or c.dataset != ckpt["config"].get("dataset"):
-        return   # (without inputs, a named dataset is rebuilt from its own source)
+    if not trained or c.dataset != ckpt["config"].get("dataset"):
+        return
+    if not inputs:   # a named dataset is rebuilt from its own source, with its own tokenizer
+        own = named_tokenizer(c.dataset)
+        if own and trained.get("tokenizer") not in (None, own):
+            raise CheckpointError(f"{src} was trained on dataset {c.dataset!r} tokenized with "
+                                  f"{trained['tokenizer']} (built before that name's tokenizer "
+                                  f"was checked), which this run would rebuild with {own}: "
+                                  f"nothing was rebuilt; move {run.data_path} to a folder of "
+                                  f"another name beside it and resume with --dataset=NAME")
+        return
     if built_from(trained) != ([sha256_file(p) for p in inputs], build_tokenizer(c)):
         raise CheckpointError(f"--dataset_input would rebuild dataset {c.dataset!r} in "
                               f"{run.data_path} from files or a tokenizer other than {src} was "
@@ -715,9 +724,10 @@ def dataset_needs_build(c, path):
         return "its meta.json is unreadable"
     if not inputs:
         own = named_tokenizer(c.dataset)
-        if own and meta.get("tokenizer") != own:   # a build from before check_named_copy
-            return (f"it is tokenized with {meta.get('tokenizer')}, and {c.dataset!r} is a {own} "
-                    f"dataset: rebuilding it from its own source")
+        have = meta.get("tokenizer") or "no recorded tokenizer"
+        if own and have != own:   # a build from before check_named_copy
+            return (f"it is tokenized with {have}, and {c.dataset!r} is a {own} dataset: "
+                    f"rebuilding it from its own source")
         return ""
     if built_from(meta) != (digests, build_tokenizer(c)):
         return (f"it was built from other files or another tokenizer ({meta.get('tokenizer')}) "

