@@ -16,7 +16,7 @@
 #            and mxint4 with x at unit scale, each with Wgrad's x kept packed and as FP8; then
 #            the MoE's mxfp4 at unit scale with all three GEMMs in fast accumulation
 #   fp8_window_unit  blocks out of the FP8 window with x at unit scale for mxfp4 (whose window's
-#            bottom is twice mxint4's): the 300-step run of the checks set, and 250 steps of dense
+#            bottom is twice mxint4's): the 300-step run of the checks set, and up to 250 steps of dense
 #            GPT-2 small (compile_mode=default, which telemetry needs), at once on one GPU, each cut
 #            at CUT seconds (default 240; log.jsonl keeps the telemetry steps reached)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
@@ -93,14 +93,16 @@ fp8_combo)
         --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all ;;
 fp8_window_unit)
     W="--recipe=mxfp4 --recipe_fp8_gemm=True --recipe_fp8_x_scale=unit --overwrite=True"
+    rm -f out/fp8_window_unit_{mxfp4,gpt2}/log.jsonl   # (a kept machine's earlier run)
     timeout "${CUT:-240}" python3 train.py configs/gpu/ablate_gpt.py $W --max_iters=300 --telemetry_interval=100 \
         --eval_interval=300 --eval_iters=2 --out_dir=out/fp8_window_unit_mxfp4 > "$OUT/fp8_window_unit_mxfp4.log" 2>&1 &
+    small=$!
     timeout "${CUT:-240}" python3 train.py configs/gpu/gpt2_small_bf16.py $W --compile_mode=default --max_iters=250 \
         --telemetry_interval=50 --eval_interval=250 --eval_iters=2 --out_dir=out/fp8_window_unit_gpt2 \
         > "$OUT/fp8_window_unit_gpt2.log" 2>&1
-    wait
-    for r in mxfp4 gpt2; do cp out/fp8_window_unit_$r/log.jsonl "$OUT/fp8_window_unit_${r}_log.jsonl" 2>/dev/null
-        echo "== fp8_window_unit_$r: $(tail -2 "$OUT/fp8_window_unit_$r.log" | tr '\n' ' ')" >> "$OUT/bench.log"; done ;;
+    rc_gpt2=$?; wait $small; rc_mxfp4=$?   # 124: cut at CUT seconds
+    for r in mxfp4 gpt2; do rc=rc_$r; cp out/fp8_window_unit_$r/log.jsonl "$OUT/fp8_window_unit_${r}_log.jsonl" 2>/dev/null
+        echo "== fp8_window_unit_$r rc=${!rc}: $(tail -2 "$OUT/fp8_window_unit_$r.log" | tr '\n' ' ')" >> "$OUT/bench.log"; done ;;
 fp8_unit_x_mxint4)
     one fp8_gemm_unit_x_mxint4 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxint4+$F,mxint4+$F+recipe_fp8_x_scale=unit ;;
