@@ -55,7 +55,16 @@ one() {  # name, seconds, then bench.py arguments
     cp "out/bench_$name/bench.md" "$OUT/$name.md" 2>/dev/null
     cp "out/bench_$name/bench.json" "$OUT/$name.json" 2>/dev/null
 }
+telemetry() {  # name, seconds, config, then train.py flags: a run whose log.jsonl holds telemetry
+    local name=$1 limit=$2 config=$3; shift 3
+    rm -f "out/$name/log.jsonl"   # (a kept machine's earlier run)
+    timeout "$limit" python3 train.py "$config" "$@" --out_dir="out/$name" --overwrite=True > "$OUT/$name.log" 2>&1
+    echo "== $name rc=$? (124: cut at $limit s): $(tail -1 "$OUT/$name.log")" >> "$OUT/bench.log"
+    cp "out/$name/log.jsonl" "$OUT/${name}_log.jsonl" 2>/dev/null
+}
 G="--compile=True --compile_mode=reduce-overhead"; F=recipe_fp8_gemm=True; X=recipe_fp8_wgrad_x=fp8
+# the 300-step eager telemetry run of the small model (blocks out of the FP8 window)
+SMALL="configs/gpu/ablate_gpt.py --max_iters=300 --telemetry_interval=100 --eval_interval=300 --eval_iters=2"
 case $set_name in
 recipes)
     B="--dataset=shakespeare --warmup=5 --iters=10"
@@ -77,11 +86,7 @@ fp8_unit_x)
     one fp8_gemm_unit_x_moe 300 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit
     # x's blocks out of the unit scale's window in a real run (telemetry; as the checks set's)
-    timeout 240 python3 train.py configs/gpu/ablate_gpt.py --recipe=mxint4 --recipe_fp8_gemm=True \
-        --recipe_fp8_x_scale=unit --max_iters=300 --telemetry_interval=100 --eval_interval=300 \
-        --eval_iters=2 --out_dir=out/fp8_window_unit --overwrite=True > "$OUT/fp8_window_unit.log" 2>&1
-    echo "== fp8_window_unit rc=$?" >> "$OUT/bench.log"
-    cp out/fp8_window_unit/log.jsonl "$OUT/fp8_window_unit_log.jsonl" 2>/dev/null ;;
+    telemetry fp8_window_unit 240 $SMALL --recipe=mxint4 --$F --recipe_fp8_x_scale=unit ;;
 fp8_unit_x_wide)
     one fp8_gemm_unit_x_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit ;;
@@ -92,17 +97,11 @@ fp8_combo)
     one fp8_gemm_combo_moe 170 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all ;;
 fp8_window_unit)
-    W="--recipe=mxfp4 --recipe_fp8_gemm=True --recipe_fp8_x_scale=unit --overwrite=True"
-    rm -f out/fp8_window_unit_{mxfp4,gpt2}/log.jsonl   # (a kept machine's earlier run)
-    timeout "${CUT:-240}" python3 train.py configs/gpu/ablate_gpt.py $W --max_iters=300 --telemetry_interval=100 \
-        --eval_interval=300 --eval_iters=2 --out_dir=out/fp8_window_unit_mxfp4 > "$OUT/fp8_window_unit_mxfp4.log" 2>&1 &
-    small=$!
-    timeout "${CUT:-240}" python3 train.py configs/gpu/gpt2_small_bf16.py $W --compile_mode=default --max_iters=250 \
-        --telemetry_interval=50 --eval_interval=250 --eval_iters=2 --out_dir=out/fp8_window_unit_gpt2 \
-        > "$OUT/fp8_window_unit_gpt2.log" 2>&1
-    rc_gpt2=$?; wait $small; rc_mxfp4=$?   # 124: cut at CUT seconds
-    for r in mxfp4 gpt2; do rc=rc_$r; cp out/fp8_window_unit_$r/log.jsonl "$OUT/fp8_window_unit_${r}_log.jsonl" 2>/dev/null
-        echo "== fp8_window_unit_$r rc=${!rc}: $(tail -2 "$OUT/fp8_window_unit_$r.log" | tr '\n' ' ')" >> "$OUT/bench.log"; done ;;
+    W="--recipe=mxfp4 --$F --recipe_fp8_x_scale=unit"
+    telemetry fp8_window_unit_mxfp4 "${CUT:-240}" $SMALL $W &
+    telemetry fp8_window_unit_gpt2 "${CUT:-240}" configs/gpu/gpt2_small_bf16.py $W --compile_mode=default \
+        --max_iters=250 --telemetry_interval=50 --eval_interval=250 --eval_iters=2
+    wait ;;
 fp8_unit_x_mxint4)
     one fp8_gemm_unit_x_mxint4 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxint4+$F,mxint4+$F+recipe_fp8_x_scale=unit ;;
@@ -132,11 +131,7 @@ fp8_moe)
 checks)
     timeout 300 python3 tests/gpu/check_compile.py > "$OUT/check_compile.log" 2>&1
     grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
-    timeout 240 python3 train.py configs/gpu/ablate_gpt.py --recipe=mxint4 --recipe_fp8_gemm=True \
-        --max_iters=300 --telemetry_interval=100 --eval_interval=300 --eval_iters=2 \
-        --out_dir=out/fp8_window --overwrite=True > "$OUT/fp8_window.log" 2>&1
-    echo "== fp8_window rc=$?" >> "$OUT/bench.log"
-    cp out/fp8_window/log.jsonl "$OUT/fp8_window_log.jsonl" 2>/dev/null ;;
+    telemetry fp8_window 240 $SMALL --recipe=mxint4 --$F ;;
 kernels)
     for size in quick full; do
         flag=$([ $size = quick ] && echo --quick)
