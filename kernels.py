@@ -1908,3 +1908,51 @@ def fp8_grouped_mm(a, b, offs, out_dtype, fast=False, _cfg=None):
             grid = (_cdiv(M, BM) * _cdiv(N, BN), E, 1)
             _launch(_grouped_fp8_k_kernel, grid, (av, bt, sa, sb, offs, c, M, N, T), meta)
     return c.to(out_dtype)
+
+# -----------------------------------------------------------------------------
+# 7. Cross-entropy's gradient (model.softmax_grad_): the training loss's chunks of logits
+
+if HAVE_TRITON:
+    @triton.jit
+    def _softmax_grad_kernel(z_ptr, t_ptr, scale_ptr, loss_ptr, V: tl.constexpr, BV: tl.constexpr):
+        """One row of logits: its logsumexp in one read (a running max and sum per lane), then
+        (softmax - one_hot(target)) * scale over it in a second (which finds the row in L2)."""
+        row = tl.program_id(0).to(tl.int64)
+        p = z_ptr + row * V
+        cols = tl.arange(0, BV)
+        m = tl.full([BV], -1e30, tl.float32)  # (finite: a lane that sees no logit adds exp(-inf) = 0)
+        s = tl.zeros([BV], tl.float32)
+        for k in range(0, V, BV):
+            z = tl.load(p + k + cols, mask=k + cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, z)
+            s = s * tl.exp(m - m_new) + tl.exp(z - m_new)
+            m = m_new
+        top = tl.max(m, axis=0)
+        lse = top + tl.log(tl.sum(s * tl.exp(m - top), axis=0))
+        t = tl.load(t_ptr + row)
+        valid = t != -1
+        zt = tl.load(p + tl.maximum(t, 0)).to(tl.float32)
+        tl.store(loss_ptr + row, tl.where(valid, lse - zt, 0.0))
+        scale = tl.where(valid, tl.load(scale_ptr), 0.0)
+        for k in range(0, V, BV):
+            c = k + cols
+            z = tl.load(p + c, mask=c < V).to(tl.float32)
+            g = (tl.exp(z - lse) - tl.where(c == t, 1.0, 0.0)) * scale
+            tl.store(p + c, g.to(z_ptr.dtype.element_ty), mask=c < V)
+
+
+def softmax_grad_(logits, targets, scale):
+    """model.softmax_grad_: cross-entropy's gradient over the logits [R, V] (contiguous) in place,
+    one program a row; -> each row's loss, fp32 [R]. The same math in another order (an online
+    logsumexp): equal to the reference within fp32 rounding, not bit for bit."""
+    if not logits.is_contiguous() or logits.dim() != 2:
+        raise ValueError(f"softmax_grad_ takes contiguous 2-D logits, got shape {tuple(logits.shape)} "
+                         f"strides {logits.stride()}")
+    R, V = logits.shape
+    loss = torch.empty(R, dtype=torch.float32, device=logits.device)
+    z = logits.float() if INTERPRET else logits   # (the interpreter's bf16 stores truncate)
+    if R:
+        _softmax_grad_kernel[(R,)](z, targets.contiguous(), scale, loss, V=V, BV=2048, num_warps=8)
+    if z is not logits:
+        logits.copy_(z)
+    return loss

@@ -49,6 +49,9 @@ class GPTConfig:
     aux_loss_weight: float = 0.01   # switch-style load balancing: E * sum_e f_e * P_e
     z_loss_weight: float = 0.001    # mean logsumexp(router logits)^2
     router_bias_rate: float = 0.001  # step of the aux-loss-free bias update (sigmoid router)
+    # training's lm_head + loss this many tokens at a time, both gradients computed in the forward
+    # (linear_cross_entropy); 0: whole logits, kept for backward. The same math either way
+    loss_chunk: int = 4096
 
     def __post_init__(self):
         choices = dict(mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"),
@@ -65,9 +68,9 @@ class GPTConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if min(self.mlp_hidden, self.expert_hidden, self.n_expert, self.n_shared_expert,
-               self.moe_dense_layers) < 0:
-            raise ValueError("mlp_hidden, expert_hidden, n_expert, n_shared_expert and "
-                             "moe_dense_layers must be >= 0")
+               self.moe_dense_layers, self.loss_chunk) < 0:
+            raise ValueError("mlp_hidden, expert_hidden, n_expert, n_shared_expert, "
+                             "moe_dense_layers and loss_chunk must be >= 0")
         if self.n_expert and not 1 <= self.top_k <= self.n_expert:
             raise ValueError(f"top_k={self.top_k} must be in [1, n_expert={self.n_expert}]")
         if self.n_expert and self.moe_dense_layers >= self.n_layer:
@@ -267,6 +270,70 @@ def cross_entropy(logits, targets, rows=2048):
                 for lg, t in zip(logits.split(rows), targets.split(rows)))
     return total / (targets != -1).sum()
 
+def softmax_grad_(logits, targets, scale):
+    """Cross-entropy's gradient in place of its logits [R, V]: (softmax - one_hot(target)) * scale,
+    zero in rows whose target is -1; -> each row's loss, fp32 [R] (0 where ignored). scale: an
+    fp32 tensor [] (1 / the batch's target count). kernels.softmax_grad_ is its Triton version."""
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
+    valid = targets != -1
+    t = targets.clamp(min=0).unsqueeze(1)
+    loss = torch.where(valid, lse - z.gather(1, t).squeeze(1), 0.0)
+    grad = torch.exp(z - lse.unsqueeze(1)).scatter_add_(1, t, z.new_full(t.shape, -1.0))
+    logits.copy_(grad * torch.where(valid, scale, 0.0).unsqueeze(1))
+    return loss
+
+def _addmm_fp32_(acc, a, b):
+    """acc += a @ b, summed in acc's fp32 (cuBLAS adds into it; elsewhere a's dtype's product is)."""
+    if acc.is_cuda and a.dtype != acc.dtype:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc += (a @ b).to(acc.dtype)
+
+# the loss and both of lm_head's gradients in the forward, `rows` tokens at a time: only one
+# chunk's logits live at a time, where autograd keeps all of them for backward (1.5 GiB at GPT-2
+# small's 16k tokens, at the step's memory peak). Opaque to torch.compile, which would fuse the
+# chunks' sums after the loop and so keep every chunk alive (docs/performance.md)
+@torch.library.custom_op("nanofp4::linear_cross_entropy", mutates_args=())
+def _linear_ce_op(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  dtype: torch.dtype, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [N, d], weight [V, d], targets [N] -> (mean loss fp32 [], dx [N, d], dweight [V, d] fp32);
+    the GEMMs in `dtype`, weight's gradient summed over chunks in fp32."""
+    xd, wd = x.to(dtype), weight.to(dtype)
+    scale = 1.0 / (targets != -1).sum().float()   # a device tensor: no wait for the host
+    kernels = fp4.kernels_for(x)
+    grad_ = kernels.softmax_grad_ if kernels else softmax_grad_
+    dx = torch.empty_like(xd)
+    dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+    total = torch.zeros((), dtype=torch.float32, device=x.device)
+    for i in range(0, x.shape[0], rows):
+        xc = xd[i:i + rows]
+        logits = xc @ wd.t()
+        total += grad_(logits, targets[i:i + rows], scale).sum()   # logits now hold their gradient
+        torch.mm(logits, wd, out=dx[i:i + rows])
+        _addmm_fp32_(dw, logits.t(), xc)
+    return total * scale, dx.to(x.dtype), dw.to(weight.dtype)
+
+@_linear_ce_op.register_fake
+def _(x, weight, targets, dtype, rows):
+    return x.new_empty(()).float(), torch.empty_like(x), torch.empty_like(weight)
+
+def _linear_ce_setup(ctx, inputs, output):
+    ctx.save_for_backward(*output[1:])
+
+def _linear_ce_backward(ctx, grad_loss, *_):
+    dx, dw = ctx.saved_tensors
+    return dx * grad_loss.to(dx.dtype), dw * grad_loss.to(dw.dtype), None, None, None
+
+_linear_ce_op.register_autograd(_linear_ce_backward, setup_context=_linear_ce_setup)
+
+def linear_cross_entropy(x, weight, targets, rows):
+    """cross_entropy(x @ weight.T, targets) for training, `rows` tokens at a time (_linear_ce_op):
+    GEMMs in autocast's dtype where it is on, else in x's."""
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
+        else x.dtype
+    return _linear_ce_op(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1), dtype, rows)[0]
+
 class Block(nn.Module):
     def __init__(self, config, moe):
         super().__init__()
@@ -342,8 +409,10 @@ class GPT(nn.Module):
         x = self.norm_f(x)
         if targets is None:
             return self.lm_head(x if full_logits else x[:, [-1], :]), None
-        logits = self.lm_head(x)
-        loss = cross_entropy(logits, targets)
+        if torch.is_grad_enabled() and self.config.loss_chunk:
+            loss = linear_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk)
+        else:
+            loss = cross_entropy(self.lm_head(x), targets)
         self._ce_loss = loss.detach()
         moes = self.moe_layers
         if moes and self.training:

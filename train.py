@@ -116,6 +116,7 @@ router = "softmax"           # "softmax" or "sigmoid"
 aux_loss_weight = 0.01       # load-balancing loss weight (MoE)
 z_loss_weight = 0.001        # router z-loss weight (MoE)
 router_bias_rate = 0.001     # aux-loss-free balancing step (sigmoid router)
+loss_chunk = 4096            # tokens per chunk of lm_head + loss in training (0: whole logits)
 # quantization: a recipe from fp4.RECIPES, plus ablation overrides (None = the preset's choice)
 recipe = "bf16"              # "bf16", "ufp4", "e2m1", "nvfp4", "mxfp4", "mxint4" (fp4.RECIPES)
 recipe_format = None         # e.g. "e2m1", "ufp4", "e1m2/32/e4m3"
@@ -943,7 +944,7 @@ def flat_grads(model):
 def check_compatible(ckpt, path, margs):
     """A checkpoint resumes only into the same model (regularization weights may change)."""
     theirs, ours = ckpt["model_args"], dataclasses.asdict(margs)
-    free = ("dropout", "aux_loss_weight", "z_loss_weight", "router_bias_rate")
+    free = ("dropout", "aux_loss_weight", "z_loss_weight", "router_bias_rate", "loss_chunk")
     diff = [f"{k}: {theirs.get(k)!r} in the checkpoint, {ours.get(k)!r} now"
             for k in sorted(set(theirs) | set(ours))
             if k not in free and theirs.get(k) != ours.get(k)]

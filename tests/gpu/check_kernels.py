@@ -2,7 +2,8 @@
 on the same GPU, bit for bit (RTNE); SR statistics; fp4_matmul vs fake quant + mm; FP4Linear
 with backend triton vs backend torch (y, dx, dW); the FP8 operands bit for bit, the FP8 GEMM
 against the exact product, the layer on FP8 GEMMs, with its weight cached and with Wgrad's x
-kept as FP8; the grouped FP8 GEMM against the exact product and the experts on it.
+kept as FP8; the grouped FP8 GEMM against the exact product and the experts on it; the training
+loss's chunks (softmax_grad_, model.linear_cross_entropy) against whole logits.
 
     python tests/gpu/check_kernels.py [--quick] [--only=fp8] [--part=k/n]
 
@@ -30,6 +31,7 @@ if not torch.cuda.is_available():
 
 import fp4  # noqa: E402
 import kernels  # noqa: E402
+import model  # noqa: E402
 from bitwise import assert_same as same, element_scales  # noqa: E402
 
 DEV = "cuda"
@@ -610,6 +612,38 @@ def grouped_aligned(name):
     print(f"      {name} aligned dW: relative difference {err:.1e}")
 
 
+def loss_chunks():
+    """GPT-2 small's lm_head at 16k tokens: the softmax gradient kernel against the reference on
+    the same logits, then the chunked loss and gradients against autograd's over whole logits."""
+    n, d, v = 16384, 768, 50304
+    g = torch.Generator(device=DEV).manual_seed(0)
+    t = torch.randint(0, v, (n,), generator=g, device=DEV)
+    t[::97] = -1
+    z = (torch.randn(4096, v, generator=g, device=DEV) * 4).bfloat16()
+    a, b = z.clone(), z.clone()
+    scale = torch.tensor(1 / 4000, device=DEV)
+    la, lb = model.softmax_grad_(a, t[:4096], scale), kernels.softmax_grad_(b, t[:4096], scale)
+    assert (la - lb).abs().max().item() < 1e-4, f"row losses differ by {(la - lb).abs().max().item():.1e}"
+    ulp = torch.ldexp(torch.ones_like(a.float()), torch.frexp(a.float())[1] - 8).clamp(min=2.0 ** -133)
+    off = ((a.float() - b.float()).abs() / ulp).max().item()
+    assert off <= 1.0, f"gradients differ by {off:.2f} bf16 ulps"
+    x = (torch.randn(n, d, generator=g, device=DEV)).requires_grad_()
+    w = (torch.randn(v, d, generator=g, device=DEV) * 0.02).requires_grad_()
+    grads = []
+    for rows in (0, 4096, 2048):
+        x.grad = w.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model.linear_cross_entropy(x, w, t, rows) if rows else \
+                model.cross_entropy(torch.nn.functional.linear(x, w), t)
+        (loss * 0.5).backward()
+        grads.append((loss.item(), x.grad, w.grad))
+    for rows, (loss, dx, dw) in zip((4096, 2048), grads[1:]):
+        ex = ((dx - grads[0][1]).norm() / grads[0][1].norm()).item()
+        ew = ((dw - grads[0][2]).norm() / grads[0][2].norm()).item()
+        print(f"      chunks of {rows}: loss {loss:.6f} vs {grads[0][0]:.6f}, dx {ex:.1e}, dW {ew:.1e}")
+        assert abs(loss - grads[0][0]) < 1e-4 and ex < 1e-2 and ew < 1e-2, "chunked loss differs"
+
+
 def run_all(sz):
     """Every check in a fixed order (--part counts on it)."""
     check("kernels vs the CPU reference (2048x4096)", vs_cpu)
@@ -659,6 +693,7 @@ def run_all(sz):
     for rn in ("mxfp4", "mxint4"):
         check(f"GroupedLinear {rn} on FP8 GEMMs == on bf16 GEMMs (to bf16 rounding), no SR",
               lambda: fp8_grouped_layer(rn))
+    check("the loss in chunks: softmax_grad_ == reference (1 bf16 ulp), vs whole logits", loss_chunks)
 
 
 def main():
