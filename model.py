@@ -279,7 +279,8 @@ def softmax_grad_(logits, targets, scale):
     valid = targets != -1
     t = targets.clamp(min=0).unsqueeze(1)
     loss = torch.where(valid, lse - z.gather(1, t).squeeze(1), 0.0)
-    grad = torch.exp(z - lse.unsqueeze(1)).scatter_add_(1, t, z.new_full(t.shape, -1.0))
+    one = torch.where(valid, -1.0, 0.0).unsqueeze(1)
+    grad = torch.exp(z - lse.unsqueeze(1)).scatter_add_(1, t, one)
     logits.copy_(grad * torch.where(valid, scale, 0.0).unsqueeze(1))
     return loss
 

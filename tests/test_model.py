@@ -14,7 +14,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fp4  # noqa: E402
 import model as model_module  # noqa: E402
-from model import GPT, GPTConfig, MoE, cross_entropy  # noqa: E402
+from model import GPT, GPTConfig, MoE, cross_entropy, linear_cross_entropy, softmax_grad_  # noqa: E402
 
 V, T = 128, 16
 
@@ -126,6 +126,59 @@ def test_eval_cross_entropy_in_chunks_equals_the_whole():
         chunked = cross_entropy(logits, targets, rows=8)  # 74 tokens: 9 full chunks and a rest
     torch.testing.assert_close(chunked, ref, rtol=1e-6, atol=1e-6)
     assert torch.equal(cross_entropy(logits, targets), ref)  # with autograd: F.cross_entropy itself
+
+
+def test_softmax_grad_is_cross_entropys_gradient():
+    """softmax_grad_ overwrites the logits with the gradient of (sum of row losses) * scale, zero
+    in ignored rows, and returns each row's loss."""
+    logits = (torch.randn(9, V) * 4).requires_grad_()
+    targets = torch.randint(0, V, (9,))
+    targets[[2, 5]] = -1
+    targets[0] = V - 1
+    rows = F.cross_entropy(logits, targets, ignore_index=-1, reduction="none")
+    (rows.sum() * 0.25).backward()
+    z = logits.detach().clone()
+    loss = softmax_grad_(z, targets, torch.tensor(0.25))
+    torch.testing.assert_close(loss, rows.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(z, logits.grad, rtol=1e-6, atol=1e-8)
+    assert (z[[2, 5]] == 0).all() and (loss[[2, 5]] == 0).all()
+
+
+@pytest.mark.parametrize("rows", [7, 16, 64, 4096])   # a rest chunk, even chunks, one chunk, bigger
+def test_linear_cross_entropy_equals_autograd_over_whole_logits(rows):
+    """Training's loss in chunks, both gradients computed in the forward: the loss, dx and dW of
+    F.cross_entropy over the whole logits, and backward scales them by the loss's gradient."""
+    x = torch.randn(3, 16, 24, requires_grad=True)
+    w = (torch.randn(V, 24) * 0.3).requires_grad_()
+    targets = torch.randint(0, V, (3, 16))
+    targets[1, :5] = -1
+    grads = []
+    for fn in (lambda: F.cross_entropy((x @ w.t()).view(-1, V), targets.view(-1), ignore_index=-1),
+               lambda: linear_cross_entropy(x, w, targets, rows)):
+        x.grad = w.grad = None
+        loss = fn()
+        (loss * 0.7).backward()
+        grads.append((loss.detach(), x.grad, w.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+
+
+def test_the_models_training_loss_in_chunks_equals_whole_logits():
+    """GPT.forward with grad on: loss_chunk (chunks of 24 of 32 tokens) against loss_chunk=0 (the
+    whole logits through autograd), tied embeddings included; eager and under torch.compile."""
+    model = GPT(tiny(tie_embeddings=True, loss_chunk=24))
+    x, y = batch()
+    y[0, :3] = -1
+    runs = []
+    for chunk, compile_ in ((0, False), (24, False), (24, True)):
+        model.config.loss_chunk = chunk
+        model.zero_grad()
+        _, loss = (torch.compile(model) if compile_ else model)(x, y)
+        loss.backward()
+        runs.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
 
 
 def test_eval_loss_of_the_model_in_chunks(monkeypatch):
@@ -345,6 +398,7 @@ def test_update_router_bias_moves_load_toward_balance():
     (dict(n_expert=4, expert_hidden=64, mlp_hidden=512), "mlp_hidden=512 .* nothing reads it"),
     (dict(n_expert=4, expert_hidden=20), "expert width 20"),
     (dict(n_expert=4, n_embd=36, n_head=2, expert_hidden=64), "n_embd=36"),
+    (dict(loss_chunk=-1), "loss_chunk must be >= 0"),
 ])
 def test_config_validation(kw, match):
     with pytest.raises(ValueError, match=match):
