@@ -285,11 +285,15 @@ def softmax_grad_(logits, targets, scale):
     return loss
 
 def _addmm_fp32_(acc, a, b):
-    """acc += a @ b, summed in acc's fp32 (cuBLAS adds into it; elsewhere a's dtype's product is)."""
+    """acc += a @ b into an fp32 acc: cuBLAS adds into it where torch has that overload (CUDA),
+    else the product in a's dtype is added."""
     if acc.is_cuda and a.dtype != acc.dtype:
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-    else:
-        acc += (a @ b).to(acc.dtype)
+        try:
+            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+            return
+        except RuntimeError:   # (a torch whose overload takes no fp32 accumulator)
+            pass
+    acc += (a @ b).to(acc.dtype)
 
 # the loss and both of lm_head's gradients in the forward, `rows` tokens at a time: only one
 # chunk's logits live at a time, where autograd keeps all of them for backward (1.5 GiB at GPT-2

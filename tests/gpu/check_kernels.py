@@ -627,6 +627,12 @@ def loss_chunks():
     ulp = torch.ldexp(torch.ones_like(a.float()), torch.frexp(a.float())[1] - 8).clamp(min=2.0 ** -133)
     off = ((a.float() - b.float()).abs() / ulp).max().item()
     assert off <= 1.0, f"gradients differ by {off:.2f} bf16 ulps"
+    acc, m = torch.ones(64, 64, device=DEV), torch.randn(64, 64, device=DEV).bfloat16()
+    try:
+        torch.addmm(acc, m, m, out_dtype=torch.float32, out=acc)
+        print(f"      cuBLAS adds into the fp32 dW: yes (error {(acc - 1 - m.float() @ m.float()).abs().max().item():.1e})")
+    except RuntimeError as e:
+        print(f"      cuBLAS adds into the fp32 dW: no ({str(e)[:80]})")
     x = (torch.randn(n, d, generator=g, device=DEV)).requires_grad_()
     w = (torch.randn(v, d, generator=g, device=DEV) * 0.02).requires_grad_()
     grads = []
