@@ -17,8 +17,7 @@
 #            the MoE's mxfp4 at unit scale with all three GEMMs in fast accumulation
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
-#            and in chunks (the default), and mxint4 with Wgrad's x as FP8 in chunks
-#   loss_chunk_moe  the same pairs (no check, no mxint4) for the MoE
+#            and in chunks (the default), and the MoE's bf16 and mxfp4 in chunks
 #   fp8_window_unit  blocks out of the FP8 window with x at unit scale for mxfp4 (whose window's
 #            bottom is twice mxint4's): the 300-step run of the checks set, and up to 250 steps of dense
 #            GPT-2 small (compile_mode=default, which telemetry needs), at once on one GPU, each cut
@@ -44,7 +43,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|loss_chunk_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -104,11 +103,10 @@ loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1
     tail -4 "$OUT/check_loss.log"
     L=loss_chunk=0
-    one loss_chunk_dense 480 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16+$L,bf16,mxfp4+$F+$L,mxfp4+$F,mxint4+$F+$X ;;
-loss_chunk_moe)
-    one loss_chunk_moe 570 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16+loss_chunk=0,bf16,mxfp4+$F+loss_chunk=0,mxfp4+$F ;;
+    one loss_chunk_dense 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16+$L,bf16,mxfp4+$F+$L,mxfp4+$F
+    one loss_chunk_moe 200 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F ;;
 fp8_window_unit)
     W="--recipe=mxfp4 --$F --recipe_fp8_x_scale=unit"
     telemetry fp8_window_unit_mxfp4 "${CUT:-240}" $SMALL $W &
