@@ -291,19 +291,19 @@ def _addmm_fp32_(acc, a, b):
         try:
             torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
             return
-        except RuntimeError:   # (a torch whose overload takes no fp32 accumulator)
+        except (RuntimeError, TypeError):   # (a torch whose overload takes no fp32 accumulator)
             pass
     acc += (a @ b).to(acc.dtype)
 
-# the loss and both of lm_head's gradients in the forward, `rows` tokens at a time: only one
-# chunk's logits live at a time, where autograd keeps all of them for backward (1.5 GiB at GPT-2
-# small's 16k tokens, at the step's memory peak). Opaque to torch.compile, which would fuse the
-# chunks' sums after the loop and so keep every chunk alive (docs/performance.md)
+# the loss and both of lm_head's gradients in the forward, `rows` tokens at a time in one reused
+# buffer, where autograd keeps all logits for backward (1.5 GiB at GPT-2 small's 16k tokens, at
+# the step's memory peak). Opaque to torch.compile: plain autograd code compiled to more memory,
+# not less, likely from sums fused after the loop (docs/performance.md)
 @torch.library.custom_op("nanofp4::linear_cross_entropy", mutates_args=())
 def _linear_ce_op(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                   dtype: torch.dtype, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [N, d], weight [V, d], targets [N] -> (mean loss fp32 [], dx [N, d], dweight [V, d] fp32);
-    the GEMMs in `dtype`, weight's gradient summed over chunks in fp32."""
+    """x [N, d], weight [V, d], targets [N] -> (mean loss fp32 [], dx [N, d], dweight [V, d]);
+    the GEMMs in `dtype`, weight's gradient summed over chunks in fp32, returned in weight's dtype."""
     xd, wd = x.to(dtype), weight.to(dtype)
     scale = 1.0 / (targets != -1).sum().float()   # a device tensor: no wait for the host
     kernels = fp4.kernels_for(x)
@@ -311,9 +311,10 @@ def _linear_ce_op(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     dx = torch.empty_like(xd)
     dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     total = torch.zeros((), dtype=torch.float32, device=x.device)
+    buffer = xd.new_empty(min(rows, x.shape[0]), weight.shape[0])   # one chunk's logits, reused
     for i in range(0, x.shape[0], rows):
         xc = xd[i:i + rows]
-        logits = xc @ wd.t()
+        logits = torch.mm(xc, wd.t(), out=buffer[:xc.shape[0]])
         total += grad_(logits, targets[i:i + rows], scale).sum()   # logits now hold their gradient
         torch.mm(logits, wd, out=dx[i:i + rows])
         _addmm_fp32_(dw, logits.t(), xc)
@@ -321,7 +322,7 @@ def _linear_ce_op(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
 
 @_linear_ce_op.register_fake
 def _(x, weight, targets, dtype, rows):
-    return x.new_empty(()).float(), torch.empty_like(x), torch.empty_like(weight)
+    return x.new_empty((), dtype=torch.float32), x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 def _linear_ce_setup(ctx, inputs, output):
     ctx.save_for_backward(*output[1:])

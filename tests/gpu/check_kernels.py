@@ -631,7 +631,7 @@ def loss_chunks():
     try:
         torch.addmm(acc, m, m, out_dtype=torch.float32, out=acc)
         print(f"      cuBLAS adds into the fp32 dW: yes (error {(acc - 1 - m.float() @ m.float()).abs().max().item():.1e})")
-    except RuntimeError as e:
+    except (RuntimeError, TypeError) as e:
         print(f"      cuBLAS adds into the fp32 dW: no ({str(e)[:80]})")
     x = (torch.randn(n, d, generator=g, device=DEV)).requires_grad_()
     w = (torch.randn(v, d, generator=g, device=DEV) * 0.02).requires_grad_()
