@@ -1256,7 +1256,7 @@ def _linear_autograd(ctx, dy, *_):
 
 _linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
 
-def _compute_dtype(x):
+def compute_dtype(x):
     """The dtype of the layer's GEMMs and output: autocast's, else x's, as nn.Linear keeps its
     input's (a bf16 model without autocast computes as one under bf16 autocast)."""
     if torch.is_autocast_enabled(x.device.type):
@@ -1284,7 +1284,7 @@ def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), aligned=False)
     if counts is not None:
         counts = _group_counts(x, weight, counts, _RECIPES_BY_KEY[key], aligned)
     _check_shapes(x, weight, counts)
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     if torch.is_autocast_enabled(x.device.type) and x.is_floating_point():
         # as autocast's F.linear: x in the autocast dtype (a LayerNorm's fp32 output, cast where
         # it is made by the compiler's fused kernel; dx comes back in that dtype, cast back there)

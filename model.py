@@ -334,11 +334,10 @@ def _linear_ce_backward(ctx, grad_loss, *_):
 _linear_ce_op.register_autograd(_linear_ce_backward, setup_context=_linear_ce_setup)
 
 def linear_cross_entropy(x, weight, targets, rows):
-    """cross_entropy(x @ weight.T, targets) for training, `rows` tokens at a time (_linear_ce_op):
-    GEMMs in autocast's dtype where it is on, else in x's."""
-    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
-        else x.dtype
-    return _linear_ce_op(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1), dtype, rows)[0]
+    """cross_entropy(x @ weight.T, targets) for training, `rows` tokens at a time (_linear_ce_op),
+    its GEMMs in the dtype fp4's layers compute in (autocast's, else x's)."""
+    return _linear_ce_op(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
+                         fp4.compute_dtype(x), rows)[0]
 
 class Block(nn.Module):
     def __init__(self, config, moe):
