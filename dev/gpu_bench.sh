@@ -17,7 +17,13 @@
 #            the MoE's mxfp4 at unit scale with all three GEMMs in fast accumulation
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
-#            and in chunks (the default), and the MoE's bf16 and mxfp4 in chunks
+#            and in chunks (the default), and bf16 in chunks of 2048
+#   loss_chunk_recipes  dense GPT-2 small in chunks: bf16 and the recipes on bf16 GEMMs
+#   loss_chunk_moe  the MoE's bf16 whole and in chunks, ufp4 and mxfp4 on FP8 GEMMs in chunks
+#   loss_chunk_pairs  paired 300-step runs of configs/gpu/ablate_gpt.py, seeds 1-4, bf16 and mxfp4
+#            on FP8 GEMMs, each with whole logits, chunks of 4096 and of 2048 (the last pair
+#            differs in the order of the sums alone: the noise the first pair is read against);
+#            six runs at once, then a table of final val losses
 #   fp8_window_unit  blocks out of the FP8 window with x at unit scale for mxfp4 (whose window's
 #            bottom is twice mxint4's): the 300-step run of the checks set, and up to 250 steps of dense
 #            GPT-2 small (compile_mode=default, which telemetry needs), at once on one GPU, each cut
@@ -43,7 +49,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -103,10 +109,32 @@ loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1
     tail -4 "$OUT/check_loss.log"
     L=loss_chunk=0
-    one loss_chunk_dense 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16+$L,bf16,mxfp4+$F+$L,mxfp4+$F
-    one loss_chunk_moe 200 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F ;;
+    one loss_chunk_dense 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16+$L,bf16,bf16+loss_chunk=2048,mxfp4+$F+$L,mxfp4+$F ;;
+loss_chunk_recipes)
+    one loss_chunk_recipes 500 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,ufp4,e2m1,nvfp4,mxfp4 ;;
+loss_chunk_moe)
+    one loss_chunk_moe 560 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16+loss_chunk=0,bf16,ufp4,mxfp4+$F ;;
+loss_chunk_pairs)
+    P="configs/gpu/ablate_gpt.py --max_iters=300 --eval_interval=300 --eval_iters=20 --telemetry_interval=0"
+    for seed in 1 2 3 4; do
+        for lc in 0 4096 2048; do
+            for r in bf16 mxfp4; do
+                flag=$([ $r = mxfp4 ] && echo --$F)
+                timeout 200 python3 train.py $P --recipe=$r $flag --loss_chunk=$lc --seed=$seed \
+                    --out_dir=out/pair_${r}_${seed}_$lc --overwrite=True > "$OUT/pair_${r}_s${seed}_lc$lc.log" 2>&1 &
+            done
+        done
+        wait
+    done
+    for r in bf16 mxfp4; do for seed in 1 2 3 4; do
+        v=(); for lc in 0 4096 2048; do
+            v+=("$(grep -o 'val loss [0-9.]*' "$OUT/pair_${r}_s${seed}_lc$lc.log" | tail -1 | cut -d' ' -f3)")
+        done
+        echo "$r seed $seed  whole ${v[0]}  chunks4096 ${v[1]}  chunks2048 ${v[2]}" | tee -a "$OUT/bench.log"
+    done; done ;;
 fp8_window_unit)
     W="--recipe=mxfp4 --$F --recipe_fp8_x_scale=unit"
     telemetry fp8_window_unit_mxfp4 "${CUT:-240}" $SMALL $W &
@@ -153,6 +181,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
