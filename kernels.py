@@ -1931,9 +1931,10 @@ if HAVE_TRITON:
         lse = top + tl.log(tl.sum(s * tl.exp(m - top), axis=0))
         t = tl.load(t_ptr + row)
         valid = t != -1
-        zt = tl.load(p + tl.maximum(t, 0)).to(tl.float32)
-        tl.store(loss_ptr + row, tl.where(valid, lse - zt, 0.0))
-        scale = tl.where(valid, tl.load(scale_ptr), 0.0)
+        outside = (t < -1) | (t >= V)   # (no such class: NaN where the reference raises)
+        zt = tl.load(p + tl.minimum(tl.maximum(t, 0), V - 1)).to(tl.float32)
+        tl.store(loss_ptr + row, tl.where(outside, float("nan"), tl.where(valid, lse - zt, 0.0)))
+        scale = tl.where(outside, float("nan"), tl.where(valid, tl.load(scale_ptr), 0.0))
         for k in range(0, V, BV):
             c = k + cols
             z = tl.load(p + c, mask=c < V).to(tl.float32)
@@ -1944,7 +1945,9 @@ if HAVE_TRITON:
 def softmax_grad_(logits, targets, scale):
     """model.softmax_grad_: cross-entropy's gradient over the logits [R, V] (contiguous) in place,
     one program a row; -> each row's loss, fp32 [R]. The same math in another order (an online
-    logsumexp): equal to the reference within fp32 rounding, not bit for bit."""
+    logsumexp): equal to the reference within fp32 rounding, not bit for bit. A target outside
+    [-1, V) gives its row a NaN loss and gradient (the reference raises; a check here would
+    wait for the device)."""
     if not logits.is_contiguous() or logits.dim() != 2:
         raise ValueError(f"softmax_grad_ takes contiguous 2-D logits, got shape {tuple(logits.shape)} "
                          f"strides {logits.stride()}")

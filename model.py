@@ -9,6 +9,7 @@ convert; its logits are computed in fp32) and lm_head (outside `blocks`).
 
 Read top to bottom: config -> norms and RoPE -> attention -> dense MLP -> MoE -> block -> GPT.
 """
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -284,16 +285,23 @@ def softmax_grad_(logits, targets, scale):
     logits.copy_(grad * torch.where(valid, scale, 0.0).unsqueeze(1))
     return loss
 
+@functools.cache
+def _addmm_takes_fp32_out(device, dtype):
+    """Whether this torch's addmm on `device` adds a `dtype` product into an fp32 output."""
+    a = torch.zeros(2, 2, dtype=dtype, device=device)
+    try:
+        torch.addmm(a.float(), a, a, out_dtype=torch.float32, out=a.float())
+        return True
+    except (RuntimeError, TypeError):   # (a torch whose overload takes no fp32 accumulator)
+        return False
+
 def _addmm_fp32_(acc, a, b):
     """acc += a @ b into an fp32 acc: cuBLAS adds into it where torch has that overload (CUDA),
     else the product in a's dtype is added."""
-    if acc.is_cuda and a.dtype != acc.dtype:
-        try:
-            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-            return
-        except (RuntimeError, TypeError):   # (a torch whose overload takes no fp32 accumulator)
-            pass
-    acc += (a @ b).to(acc.dtype)
+    if acc.is_cuda and a.dtype != acc.dtype and _addmm_takes_fp32_out(acc.device, a.dtype):
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc += (a @ b).to(acc.dtype)
 
 # the loss and both of lm_head's gradients in the forward, `rows` tokens at a time in one reused
 # buffer, where autograd keeps all logits for backward (1.5 GiB at GPT-2 small's 16k tokens, at

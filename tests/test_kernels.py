@@ -1497,6 +1497,26 @@ def test_softmax_grad_matches_the_reference(dtype):
         kernels.softmax_grad_(z.t(), targets, scale)
 
 
+def test_softmax_grad_flags_a_target_outside_the_vocabulary():
+    """A target the logits have no class for (the reference raises) gives its row a NaN loss and
+    gradient, not a number; the other rows are untouched."""
+    import model
+    R, V = 4, 3000
+    z = torch.randn(R, V)
+    targets = torch.tensor([5, V, -2, V - 1])
+    scale = torch.tensor(0.25)
+    out = z.clone()
+    rows = kernels.softmax_grad_(out, targets, scale)
+    assert rows[1:3].isnan().all() and out[1:3].isnan().all()
+    good = torch.tensor([0, 3])
+    ref = z[good].clone()
+    rows_ref = model.softmax_grad_(ref, targets[good], scale)
+    torch.testing.assert_close(rows[good], rows_ref, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(out[good], ref, rtol=1e-5, atol=1e-8)
+    with pytest.raises((RuntimeError, IndexError)):
+        model.softmax_grad_(z.clone(), targets, scale)
+
+
 def test_linear_cross_entropy_on_the_kernel(monkeypatch):
     """The training loss in chunks with the Triton backend (the softmax gradient kernel) against
     the torch one: the same loss and gradients to fp32 rounding."""

@@ -163,6 +163,18 @@ def test_linear_cross_entropy_equals_autograd_over_whole_logits(rows):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
 
 
+def test_linear_cross_entropy_op_registration():
+    """torch.library's own checks of the custom op: its schema, its fake (shapes for the compiler)
+    against the real outputs, its autograd registration, and AOT dispatch as torch.compile runs it."""
+    import model
+    x = torch.randn(10, 8, requires_grad=True)
+    w = torch.randn(V, 8, requires_grad=True)
+    targets = torch.randint(0, V, (10,))
+    targets[2] = -1
+    result = torch.library.opcheck(model._linear_ce_op, (x, w, targets, torch.float32, 4))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
 def test_the_models_training_loss_in_chunks_equals_whole_logits():
     """GPT.forward with grad on: loss_chunk (chunks of 24 of 32 tokens) against loss_chunk=0 (the
     whole logits through autograd), tied embeddings included; eager and under torch.compile."""
