@@ -163,6 +163,28 @@ def test_linear_cross_entropy_equals_autograd_over_whole_logits(rows):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
 
 
+def test_linear_cross_entropy_under_autocast_computes_in_its_dtype():
+    """Under bf16 autocast the chunks' GEMMs run in bf16 as lm_head's would (fp4.compute_dtype):
+    the loss and gradients match autograd's over whole bf16 logits to bf16 rounding, not fp32's,
+    and the gradients come back in the inputs' fp32."""
+    x = torch.randn(64, 32, requires_grad=True)
+    w = (torch.randn(V, 32) * 0.3).requires_grad_()
+    targets = torch.randint(0, V, (64,))
+    grads = []
+    for fn in (lambda: F.cross_entropy((x @ w.t()).float(), targets),
+               lambda: linear_cross_entropy(x, w, targets, 16)):
+        x.grad = w.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = fn()
+        loss.backward()
+        grads.append((loss.detach(), x.grad, w.grad))
+    for a, b in zip(*grads):
+        assert b.dtype == a.dtype
+        torch.testing.assert_close(b, a, rtol=2e-2, atol=1e-3)
+    fp32 = linear_cross_entropy(x.detach(), w.detach(), targets, 16)
+    assert (fp32 - grads[1][0]).abs() > 1e-5   # bf16 GEMMs, not fp32 ones
+
+
 def test_linear_cross_entropy_op_registration():
     """torch.library's own checks of the custom op: its schema, its fake (shapes for the compiler)
     against the real outputs, its autograd registration, and AOT dispatch as torch.compile runs it."""
