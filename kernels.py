@@ -1931,7 +1931,7 @@ if HAVE_TRITON:
         lse = top + tl.log(tl.sum(s * tl.exp(m - top), axis=0))
         t = tl.load(t_ptr + row)
         valid = t != -1
-        outside = (t < -1) | (t >= V)   # (no such class: NaN where the reference raises)
+        outside = (t < -1) | (t >= V)   # (no such class: NaN, as the reference)
         zt = tl.load(p + tl.minimum(tl.maximum(t, 0), V - 1)).to(tl.float32)
         tl.store(loss_ptr + row, tl.where(outside, float("nan"), tl.where(valid, lse - zt, 0.0)))
         scale = tl.where(outside, float("nan"), tl.where(valid, tl.load(scale_ptr), 0.0))
@@ -1946,8 +1946,7 @@ def softmax_grad_(logits, targets, scale):
     """model.softmax_grad_: cross-entropy's gradient over the logits [R, V] (contiguous) in place,
     one program a row; -> each row's loss, fp32 [R]. The same math in another order (an online
     logsumexp): equal to the reference within fp32 rounding, not bit for bit. A target outside
-    [-1, V) gives its row a NaN loss and gradient (the reference raises; a check here would
-    wait for the device)."""
+    [-1, V) gives its row a NaN loss and gradient, as in the reference."""
     if not logits.is_contiguous() or logits.dim() != 2:
         raise ValueError(f"softmax_grad_ takes contiguous 2-D logits, got shape {tuple(logits.shape)} "
                          f"strides {logits.stride()}")

@@ -274,31 +274,41 @@ def cross_entropy(logits, targets, rows=2048):
 def softmax_grad_(logits, targets, scale):
     """Cross-entropy's gradient in place of its logits [R, V]: (softmax - one_hot(target)) * scale,
     zero in rows whose target is -1; -> each row's loss, fp32 [R] (0 where ignored). scale: an
-    fp32 tensor [] (1 / the batch's target count). kernels.softmax_grad_ is its Triton version."""
+    fp32 tensor [] (1 / the batch's target count). A target outside [-1, V) makes its row's loss
+    and gradient NaN (raising would make each chunk wait for the device). kernels.softmax_grad_
+    is its Triton version."""
     z = logits.float()
     lse = torch.logsumexp(z, dim=-1)
     valid = targets != -1
-    t = targets.clamp(min=0).unsqueeze(1)
+    outside = (targets < -1) | (targets >= z.shape[1])
+    t = targets.clamp(0, z.shape[1] - 1).unsqueeze(1)
     loss = torch.where(valid, lse - z.gather(1, t).squeeze(1), 0.0)
     one = torch.where(valid, -1.0, 0.0).unsqueeze(1)
     grad = torch.exp(z - lse.unsqueeze(1)).scatter_add_(1, t, one)
-    logits.copy_(grad * torch.where(valid, scale, 0.0).unsqueeze(1))
-    return loss
+    row_scale = torch.where(outside, torch.nan, torch.where(valid, scale, 0.0))
+    logits.copy_(grad * row_scale.unsqueeze(1))
+    return torch.where(outside, torch.nan, loss)
 
 @functools.cache
-def _addmm_takes_fp32_out(device, dtype):
-    """Whether this torch's addmm on `device` adds a `dtype` product into an fp32 output."""
-    a = torch.zeros(2, 2, dtype=dtype, device=device)
+def _addmm_adds_into_fp32(device, dtype):
+    """Whether this torch's addmm on `device` adds a `dtype` product into its fp32 input in place,
+    checked on values once (an overload that overwrote would keep only the last chunk's part).
+    The check waits for the device: the first call must not be inside CUDA graph capture (under
+    torch.compile's reduce-overhead it is in the eager warm-up)."""
+    acc = torch.ones(2, 2, device=device)
+    a = torch.ones(2, 2, dtype=dtype, device=device)
     try:
-        torch.addmm(a.float(), a, a, out_dtype=torch.float32, out=a.float())
-        return True
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+    except torch.OutOfMemoryError:
+        raise
     except (RuntimeError, TypeError):   # (a torch whose overload takes no fp32 accumulator)
         return False
+    return bool((acc == 3).all())
 
 def _addmm_fp32_(acc, a, b):
     """acc += a @ b into an fp32 acc: cuBLAS adds into it where torch has that overload (CUDA),
     else the product in a's dtype is added."""
-    if acc.is_cuda and a.dtype != acc.dtype and _addmm_takes_fp32_out(acc.device, a.dtype):
+    if acc.is_cuda and a.dtype != acc.dtype and _addmm_adds_into_fp32(acc.device, a.dtype):
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
     else:
         acc += (a @ b).to(acc.dtype)

@@ -23,7 +23,8 @@
 #   loss_chunk_pairs  paired 300-step runs of configs/gpu/ablate_gpt.py, seeds 1-4, bf16 and mxfp4
 #            on FP8 GEMMs, each with whole logits, chunks of 4096 and of 2048 (the last pair
 #            differs in the order of the sums alone: the noise the first pair is read against);
-#            six runs at once, then a table of final val losses
+#            six runs at once (each cut at 140 s; about 70 s a batch on an H100), then a table of
+#            the val losses at iter 300 (empty where a run did not get there)
 #   fp8_window_unit  blocks out of the FP8 window with x at unit scale for mxfp4 (whose window's
 #            bottom is twice mxint4's): the 300-step run of the checks set, and up to 250 steps of dense
 #            GPT-2 small (compile_mode=default, which telemetry needs), at once on one GPU, each cut
@@ -123,15 +124,17 @@ loss_chunk_pairs)
         for lc in 0 4096 2048; do
             for r in bf16 mxfp4; do
                 flag=$([ $r = mxfp4 ] && echo --$F)
-                timeout 200 python3 train.py $P --recipe=$r $flag --loss_chunk=$lc --seed=$seed \
-                    --out_dir=out/pair_${r}_${seed}_$lc --overwrite=True > "$OUT/pair_${r}_s${seed}_lc$lc.log" 2>&1 &
+                log="$OUT/pair_${r}_s${seed}_lc$lc.log"
+                { timeout 140 python3 train.py $P --recipe=$r $flag --loss_chunk=$lc --seed=$seed \
+                    --out_dir=out/pair_${r}_${seed}_$lc --overwrite=True > "$log" 2>&1
+                  echo "== pair $r seed $seed loss_chunk $lc rc=$? (124: cut at 140 s)" >> "$OUT/bench.log"; } &
             done
         done
         wait
     done
     for r in bf16 mxfp4; do for seed in 1 2 3 4; do
         v=(); for lc in 0 4096 2048; do
-            v+=("$(grep -o 'val loss [0-9.]*' "$OUT/pair_${r}_s${seed}_lc$lc.log" | tail -1 | cut -d' ' -f3)")
+            v+=("$(grep -o 'eval iter 300: .*val loss [0-9.]*' "$OUT/pair_${r}_s${seed}_lc$lc.log" | grep -o '[0-9.]*$')")
         done
         echo "$r seed $seed  whole ${v[0]}  chunks4096 ${v[1]}  chunks2048 ${v[2]}" | tee -a "$OUT/bench.log"
     done; done ;;

@@ -185,16 +185,36 @@ def test_linear_cross_entropy_under_autocast_computes_in_its_dtype():
     assert (fp32 - grads[1][0]).abs() > 1e-5   # bf16 GEMMs, not fp32 ones
 
 
-def test_linear_cross_entropy_op_registration():
-    """torch.library's own checks of the custom op: its schema, its fake (shapes for the compiler)
-    against the real outputs, its autograd registration, and AOT dispatch as torch.compile runs it."""
+def test_the_fp32_accumulating_addmm_is_used_only_where_it_adds(monkeypatch):
+    """dW's chunks add into an fp32 sum through addmm's fp32 output only where a value check shows
+    that it adds: an overload that overwrites its output (which would keep only the last chunk's
+    part of dW), is missing (this CPU build) or refuses the keyword falls back to adding products."""
     import model
-    x = torch.randn(10, 8, requires_grad=True)
-    w = torch.randn(V, 8, requires_grad=True)
+    probe = model._addmm_adds_into_fp32.__wrapped__   # (uncached)
+    cpu = torch.device("cpu")
+    assert probe(cpu, torch.bfloat16) is False   # no such CPU kernel in torch 2.13
+    def adds(acc, a, b, out_dtype, out):
+        out.copy_(acc + (a.float() @ b.float()))
+    def overwrites(acc, a, b, out_dtype, out):
+        out.copy_(a.float() @ b.float())
+    def refuses(acc, a, b, **kw):
+        raise TypeError("addmm() got an unexpected keyword argument 'out_dtype'")
+    for fake, expected in ((adds, True), (overwrites, False), (refuses, False)):
+        monkeypatch.setattr(torch, "addmm", fake)
+        assert probe(cpu, torch.bfloat16) is expected, fake.__name__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_cross_entropy_op_registration(dtype):
+    """torch.library's own checks of the custom op (each raises on failure): its schema, its fake
+    (shapes and dtypes for the compiler) against the real outputs, its autograd registration, and
+    AOT dispatch as torch.compile runs it."""
+    import model
+    x = torch.randn(10, 8, dtype=dtype, requires_grad=True)
+    w = torch.randn(V, 8, dtype=dtype, requires_grad=True)
     targets = torch.randint(0, V, (10,))
     targets[2] = -1
-    result = torch.library.opcheck(model._linear_ce_op, (x, w, targets, torch.float32, 4))
-    assert all(v == "SUCCESS" for v in result.values()), result
+    torch.library.opcheck(model._linear_ce_op, (x, w, targets, dtype, 4))
 
 
 def test_the_models_training_loss_in_chunks_equals_whole_logits():
