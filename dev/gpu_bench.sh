@@ -65,7 +65,7 @@ one() {  # name, seconds, then bench.py arguments
     cp "out/bench_$name/bench.md" "$OUT/$name.md" 2>/dev/null
     cp "out/bench_$name/bench.json" "$OUT/$name.json" 2>/dev/null
 }
-telemetry() {  # name, seconds, config, then train.py flags: a run whose log.jsonl holds telemetry
+train_run() {  # name, seconds, config, then train.py flags: its log, and log.jsonl (telemetry)
     local name=$1 limit=$2 config=$3; shift 3
     rm -f "out/$name/log.jsonl"   # (a kept machine's earlier run)
     timeout "$limit" python3 train.py "$config" "$@" --out_dir="out/$name" --overwrite=True > "$OUT/$name.log" 2>&1
@@ -96,7 +96,7 @@ fp8_unit_x)
     one fp8_gemm_unit_x_moe 300 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit
     # x's blocks out of the unit scale's window in a real run (telemetry; as the checks set's)
-    telemetry fp8_window_unit 240 $SMALL --recipe=mxint4 --$F --recipe_fp8_x_scale=unit ;;
+    train_run fp8_window_unit 240 $SMALL --recipe=mxint4 --$F --recipe_fp8_x_scale=unit ;;
 fp8_unit_x_wide)
     one fp8_gemm_unit_x_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit ;;
@@ -124,10 +124,7 @@ loss_chunk_pairs)
         for lc in 0 4096 2048; do
             for r in bf16 mxfp4; do
                 flag=$([ $r = mxfp4 ] && echo --$F)
-                log="$OUT/pair_${r}_s${seed}_lc$lc.log"
-                { timeout 140 python3 train.py $P --recipe=$r $flag --loss_chunk=$lc --seed=$seed \
-                    --out_dir=out/pair_${r}_${seed}_$lc --overwrite=True > "$log" 2>&1
-                  echo "== pair $r seed $seed loss_chunk $lc rc=$? (124: cut at 140 s)" >> "$OUT/bench.log"; } &
+                train_run pair_${r}_s${seed}_lc$lc 140 $P --recipe=$r $flag --loss_chunk=$lc --seed=$seed &
             done
         done
         wait
@@ -140,8 +137,8 @@ loss_chunk_pairs)
     done; done ;;
 fp8_window_unit)
     W="--recipe=mxfp4 --$F --recipe_fp8_x_scale=unit"
-    telemetry fp8_window_unit_mxfp4 "${CUT:-240}" $SMALL $W &
-    telemetry fp8_window_unit_gpt2 "${CUT:-240}" configs/gpu/gpt2_small_bf16.py $W --compile_mode=default \
+    train_run fp8_window_unit_mxfp4 "${CUT:-240}" $SMALL $W &
+    train_run fp8_window_unit_gpt2 "${CUT:-240}" configs/gpu/gpt2_small_bf16.py $W --compile_mode=default \
         --max_iters=250 --telemetry_interval=50 --eval_interval=250 --eval_iters=2
     wait ;;
 fp8_unit_x_mxint4)
@@ -173,7 +170,7 @@ fp8_moe)
 checks)
     timeout 300 python3 tests/gpu/check_compile.py > "$OUT/check_compile.log" 2>&1
     grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
-    telemetry fp8_window 240 $SMALL --recipe=mxint4 --$F ;;
+    train_run fp8_window 240 $SMALL --recipe=mxint4 --$F ;;
 kernels)
     for size in quick full; do
         flag=$([ $size = quick ] && echo --quick)
