@@ -2,9 +2,12 @@
 the six operands of Fprop / Dgrad / Wgrad plus the dequantize of Wgrad's packed x (x and dy each
 one kernel for both orientations, as the layer runs them, and each half alone), at the four
 linear shapes of a 12 x 768 block (16384 tokens), timed from CUDA-graph replays (no host cost),
-as effective bandwidth over the device copy.
+as effective bandwidth over the device copy. --fp8: the recipe on FP8 GEMMs (its amax passes,
+the packed x made FP8 in backward, the weights' FP8 pair once per optimizer step). The last line
+gives the time the same bytes take at copy speed: how far faster kernels of this data flow
+could take the quantization (docs/performance.md, how far this design can go).
 
-    python dev/quant_breakdown.py [--recipe=ufp4] [--tokens=16384]
+    python dev/quant_breakdown.py [--recipe=ufp4] [--tokens=16384] [--fp8 [--fp8_x_scale=unit]]
 """
 import argparse
 import contextlib
@@ -78,6 +81,9 @@ def main():
     p.add_argument("--philox_rounds", type=int, default=None, help="override kernels.PHILOX_ROUNDS")
     p.add_argument("--tiles", action="store_true", help="try tile configs on dy's SR quantizations")
     p.add_argument("--sr_only", action="store_true", help="only the SR operands (dy)")
+    p.add_argument("--fp8", action="store_true", help="the recipe on FP8 GEMMs (power-of-two scales)")
+    p.add_argument("--fp8_x_scale", default=None, help="with --fp8: 'unit' for Fprop's x at scale 1")
+    p.add_argument("--accum", type=int, default=8, help="micro-steps per optimizer step (--fp8's weights)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: quant_breakdown.py times CUDA kernels and needs a CUDA GPU")
@@ -87,7 +93,7 @@ def main():
 
 
 def breakdown(args):
-    r = fp4.make_recipe(args.recipe)
+    r = fp4.make_recipe(args.recipe, fp8_gemm=args.fp8 or None, fp8_x_scale=args.fp8_x_scale)
     T = args.tokens
     src = torch.randn(T * 4096, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
@@ -95,46 +101,84 @@ def breakdown(args):
     seeds = torch.randint(0, 2**31 - 8, (6,), device="cuda")
     print(f"`python {' '.join(sys.argv)}` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
-          f"copy {copy_bw:.2f} TB/s; recipe {r.name}, {T} tokens, Philox rounds {kernels.PHILOX_ROUNDS}")
+          f"copy {copy_bw:.2f} TB/s; recipe {r.name}{' on FP8 GEMMs' if r.fp8_gemm else ''}, {T} tokens, "
+          f"Philox rounds {kernels.PHILOX_ROUNDS}")
     if args.tiles:
         return tiles(r, T, seeds, copy_bw)
     print("| layer | operand | shape | us | xcopy |\n|---|---|---|---|---|")
-    total = 0.0
+    total = at_copy = 0.0
     for name, (n_in, n_out) in SHAPES.items():
         x = torch.randn(T, n_in, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(T, n_out, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n_out, n_in, device="cuda") * 0.02
-        op = fp4._operands(r, seeds)
-        q = lambda t, o, dim, packed=False: fp4._quantize_operand(  # noqa: E731
-            t, o, r, dim, torch.bfloat16, "", packed=packed)
-        pair = lambda t, a, b, packed_col=False: fp4._quantize_operand_pair(  # noqa: E731
-            t, a, b, r, torch.bfloat16, "", packed_col)
-        qx = q(x, op.wgrad_x, 0, packed=True)
-        wfmt = fp4.get_format(r.wgrad.fmt)
-        packed_x = 0.5 + fp4.SCALE_DTYPES[wfmt.scale].itemsize / wfmt.block  # codes + stored scales
-        # (what, tensor, call, bytes per element, run by the layer: the one-kernel pairs, not
-        # their two halves)
-        keeps = name in KEEPS_X
-        ops = [("fprop x (row)", x, lambda: q(x, op.fprop_x, -1), 2 + 2, keeps),
-               ("wgrad x (col, packed)", x, lambda: q(x, op.wgrad_x, 0, packed=True), 2 + packed_x, False),
-               ("x row + col packed, one kernel", x, lambda: pair(x, op.fprop_x, op.wgrad_x, True),
-                2 + 2 + packed_x, not keeps),
-               ("wgrad x (col, fake, in backward)", x, lambda: q(x, op.wgrad_x, 0), 2 + 2, keeps),
-               ("fprop W (row, fp32)", w, lambda: q(w, op.fprop_w, -1), 4 + 2, True),
-               ("dgrad dy (row)", dy, lambda: q(dy, op.dgrad_dy, -1), 2 + 2, False),
-               ("wgrad dy (col)", dy, lambda: q(dy, op.wgrad_dy, 0), 2 + 2, False),
-               ("dy row + col, one kernel", dy, lambda: pair(dy, op.dgrad_dy, op.wgrad_dy), 2 + 2 + 2, True),
-               ("dgrad W (col, fp32)", w, lambda: q(w, op.dgrad_w, -2), 4 + 2, True),
-               ("wgrad x dequantize", x, lambda: fp4.dequantize(qx, torch.bfloat16), 2 + packed_x, not keeps)]
-        for op, t, fn, bytes_per_el, run in ops:
+        calls = fp8_calls if r.fp8_gemm else bf16_calls
+        for op, t, fn, bytes_per_el, share in calls(r, seeds, x, dy, w, name in KEEPS_X, args.accum):
             if args.sr_only and "dy" not in op:
                 continue
             ms = graph_ms(fn)
-            total += ms if run else 0.0
+            total += ms * share
+            at_copy += t.numel() * bytes_per_el / (copy_bw * 1e9) * share
             eff = t.numel() * bytes_per_el / (ms * 1e-3) / 1e12 / copy_bw
-            print(f"| {name} | {op}{'' if run else ' (alone)'} | {tuple(t.shape)} | {ms * 1e3:.1f} | {eff:.2f} |")
+            note = " (alone)" if share == 0 else f" (1/{round(1 / share)} a micro-step)" if share < 1 else ""
+            print(f"| {name} | {op}{note} | {tuple(t.shape)} | {ms * 1e3:.1f} | {eff:.2f} |")
     print(f"\nsum over one block's four layers, as the layer runs them: {total * 1e3:.0f} us; "
           f"x 12 blocks = {total * 12:.2f} ms")
+    print(f"the same bytes at copy speed (what no kernel of this data flow can beat, but where a "
+          f"tensor is read again from L2): {at_copy * 1e3:.0f} us; x 12 blocks = {at_copy * 12:.2f} ms "
+          f"({at_copy / total:.2f} of the measured)")
+
+
+def _packed_bytes(r):
+    """Bytes per element of Wgrad's packed x: codes and the stored block scales."""
+    fmt = fp4.get_format(r.wgrad.fmt)
+    return 0.5 + fp4.SCALE_DTYPES[fmt.scale].itemsize / fmt.block
+
+
+def _quantizers(r):
+    q = lambda t, o, dim, **kw: fp4._quantize_operand(t, o, r, dim, torch.bfloat16, "", **kw)  # noqa: E731
+    pair = lambda t, a, b, **kw: fp4._quantize_operand_pair(t, a, b, r, torch.bfloat16, "", **kw)  # noqa: E731
+    return q, pair
+
+
+def bf16_calls(r, seeds, x, dy, w, keeps, accum):
+    """The quantize calls of a layer on bf16 GEMMs: (what, tensor, call, bytes moved per element,
+    calls a micro-step: 1 for what the layer runs, 0 for the halves of its one-kernel pairs)."""
+    op, (q, pair), packed_x = fp4._operands(r, seeds), _quantizers(r), _packed_bytes(r)
+    qx = q(x, op.wgrad_x, 0, packed=True)
+    return [("fprop x (row)", x, lambda: q(x, op.fprop_x, -1), 2 + 2, keeps),
+            ("wgrad x (col, packed)", x, lambda: q(x, op.wgrad_x, 0, packed=True), 2 + packed_x, False),
+            ("x row + col packed, one kernel", x, lambda: pair(x, op.fprop_x, op.wgrad_x, packed_col=True),
+             2 + 2 + packed_x, not keeps),
+            ("wgrad x (col, fake, in backward)", x, lambda: q(x, op.wgrad_x, 0), 2 + 2, keeps),
+            ("fprop W (row, fp32)", w, lambda: q(w, op.fprop_w, -1), 4 + 2, True),
+            ("dgrad dy (row)", dy, lambda: q(dy, op.dgrad_dy, -1), 2 + 2, False),
+            ("wgrad dy (col)", dy, lambda: q(dy, op.wgrad_dy, 0), 2 + 2, False),
+            ("dy row + col, one kernel", dy, lambda: pair(dy, op.dgrad_dy, op.wgrad_dy), 2 + 2 + 2, True),
+            ("dgrad W (col, fp32)", w, lambda: q(w, op.dgrad_w, -2), 4 + 2, True),
+            ("wgrad x dequantize", x, lambda: fp4.dequantize(qx, torch.bfloat16), 2 + packed_x, not keeps)]
+
+
+def fp8_calls(r, seeds, x, dy, w, keeps, accum):
+    """The same on FP8 GEMMs (fp4._forward, _backward): each FP8 side from an amax pass first
+    (2 bytes an element read; none for x at unit scale), Wgrad's x packed and made FP8 in
+    backward, the weights' FP8 pair once per optimizer step (1 / accum calls a micro-step)."""
+    op, (q, pair), packed_x = fp4._operands(r, seeds), _quantizers(r), _packed_bytes(r)
+    e4, e5 = fp4.E4M3, fp4.E5M2
+    x8, x_amax = (fp4.FP8_UNIT_X, 0) if r.fp8_x_scale == "unit" else (e4, 2)
+    qx = q(x, op.wgrad_x, 0, packed=True)
+    wpair = lambda: fp4._quantize_operand_pair(w, op.fprop_w, op.dgrad_w, r, torch.float32, "",  # noqa: E731
+                                               fp8=(e4, e4))
+    return [("x: the tensor amax alone", x, lambda: kernels._flat_amax(x), 2, False),
+            ("dy: the tensor amax alone", dy, lambda: kernels._flat_amax(dy), 2, False),
+            ("fprop x (row FP8)", x, lambda: q(x, op.fprop_x, -1, fp8=x8), x_amax + 2 + 1, keeps),
+            ("x row FP8 + col packed, one kernel", x,
+             lambda: pair(x, op.fprop_x, op.wgrad_x, packed_col=True, fp8=(x8, None)),
+             x_amax + 2 + 1 + packed_x, not keeps),
+            ("wgrad x (col FP8, in backward)", x, lambda: q(x, op.wgrad_x, 0, fp8=e4), 2 + 2 + 1, keeps),
+            ("wgrad x packed -> FP8", x, lambda: fp4.fp8_from_packed(qx, e4), packed_x + 1, not keeps),
+            ("dy row + col FP8, one kernel", dy, lambda: pair(dy, op.dgrad_dy, op.wgrad_dy, fp8=(e5, e5)),
+             2 + 2 + 1 + 1, True),
+            ("W both FP8 from fp32, amax first", w, wpair, 4 + 4 + 1 + 1, 1 / accum)]
 
 
 if __name__ == "__main__":
