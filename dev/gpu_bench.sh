@@ -34,6 +34,8 @@
 #            scale) and mxint4 on FP8 GEMMs (about 3 minutes)
 #   quant_bound_bench  the dense bench.py table that goes with it: bf16, ufp4, mxfp4 and mxint4
 #            on FP8 GEMMs, two rounds
+#   quant_bound_moe  the same two for the MoE (its experts' grouped layers): ufp4 and mxfp4 on
+#            FP8 GEMMs against bf16
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate: bf16 and
 #            mxfp4 on FP8 GEMMs, x packed and as FP8 (331 s on a fresh H100; each recipe compiles
@@ -55,7 +57,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -140,12 +142,21 @@ loss_chunk_pairs)
         done
         echo "$r seed $seed  whole ${v[0]}  chunks4096 ${v[1]}  chunks2048 ${v[2]}" | tee -a "$OUT/bench.log"
     done; done ;;
-quant_bound)
-    for args in "ufp4" "mxfp4 --fp8" "mxfp4 --fp8 --fp8_x_scale=unit" "mxint4 --fp8"; do
-        name=quant_$(echo "$args" | sed 's/ --fp8_x_scale=unit/_unit_x/; s/ --fp8/_fp8/')
+quant_bound|quant_bound_moe)
+    if [ $set_name = quant_bound ]; then
+        runs=("ufp4" "mxfp4 --fp8" "mxfp4 --fp8 --fp8_x_scale=unit" "mxint4 --fp8")
+    else
+        runs=("ufp4 --moe" "mxfp4 --fp8 --moe")
+    fi
+    for args in "${runs[@]}"; do
+        name=quant_$(echo "$args" | sed 's/ --fp8_x_scale=unit/_unit_x/; s/ --fp8/_fp8/; s/ --moe/_moe/')
         timeout 150 python3 dev/quant_breakdown.py --recipe=$args > "$OUT/$name.txt" 2>&1
         echo "== $name rc=$?: $(tail -1 "$OUT/$name.txt")" | tee -a "$OUT/bench.log"
-    done ;;
+    done
+    if [ $set_name = quant_bound_moe ]; then
+        one quant_bound_moe 480 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+            --recipes=bf16,ufp4,mxfp4+$F
+    fi ;;
 quant_bound_bench)
     one quant_bound_dense 500 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4,mxfp4+$F,mxint4+$F ;;

@@ -2,12 +2,13 @@
 the six operands of Fprop / Dgrad / Wgrad plus the dequantize of Wgrad's packed x (x and dy each
 one kernel for both orientations, as the layer runs them, and each half alone), at the four
 linear shapes of a 12 x 768 block (16384 tokens), timed from CUDA-graph replays (no host cost),
-as effective bandwidth over the device copy. --fp8: the recipe on FP8 GEMMs (its amax passes,
+as effective bandwidth over the device copy; --moe: the MoE's (attention's two and the
+experts' two, grouped). --fp8: the recipe on FP8 GEMMs (its amax passes,
 the packed x made FP8 in backward, the weights' FP8 pair once per optimizer step). The last line
 gives the time the same bytes take at copy speed: how far faster kernels of this data flow
 could take the quantization (docs/performance.md, how far this design can go).
 
-    python dev/quant_breakdown.py [--recipe=ufp4] [--tokens=16384] [--fp8 [--fp8_x_scale=unit]]
+    python dev/quant_breakdown.py [--recipe=ufp4] [--tokens=16384] [--fp8 [--fp8_x_scale=unit]] [--moe]
 """
 import argparse
 import contextlib
@@ -25,6 +26,10 @@ from bench_kernels import graphed  # noqa: E402
 from model import GPT  # noqa: E402
 
 SHAPES = {"qkv": (768, 2304), "proj": (768, 768), "fc": (768, 3072), "fc2": (3072, 768)}
+# --moe: the MoE of configs/gpu/moe_gpt2_small_*.py, its experts' linears (8 experts of hidden
+# 1536, top-2: twice the tokens' rows, grouped) beside attention's: (in, out, rows per token, experts)
+MOE_SHAPES = {"qkv": (768, 2304, 1, 0), "proj": (768, 768, 1, 0), "w_in": (768, 1536, 2, 8),
+              "w_down": (1536, 768, 2, 8)}
 # layers that keep x for Wgrad and quantize it in backward (GPT.fp4_keep_x: attention's proj,
 # whose input SDPA saves anyway); the others save it packed, quantized in forward
 KEEPS_X = {name.rsplit(".", 1)[-1] for name in GPT.fp4_keep_x}
@@ -84,6 +89,7 @@ def main():
     p.add_argument("--fp8", action="store_true", help="the recipe on FP8 GEMMs (power-of-two scales)")
     p.add_argument("--fp8_x_scale", default=None, help="with --fp8: 'unit' for Fprop's x at scale 1")
     p.add_argument("--accum", type=int, default=8, help="micro-steps per optimizer step (--fp8's weights)")
+    p.add_argument("--moe", action="store_true", help="the MoE's layers (configs/gpu/moe_gpt2_small_*.py)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: quant_breakdown.py times CUDA kernels and needs a CUDA GPU")
@@ -107,12 +113,16 @@ def breakdown(args):
         return tiles(r, T, seeds, copy_bw)
     print("| layer | operand | shape | us | xcopy |\n|---|---|---|---|---|")
     total = at_copy = 0.0
-    for name, (n_in, n_out) in SHAPES.items():
-        x = torch.randn(T, n_in, device="cuda", dtype=torch.bfloat16)
-        dy = torch.randn(T, n_out, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n_out, n_in, device="cuda") * 0.02
-        calls = fp8_calls if r.fp8_gemm else bf16_calls
-        for op, t, fn, bytes_per_el, share in calls(r, seeds, x, dy, w, name in KEEPS_X, args.accum):
+    shapes = MOE_SHAPES if args.moe else {k: (*v, 1, 0) for k, v in SHAPES.items()}
+    for name, (n_in, n_out, per_token, experts) in shapes.items():
+        x = torch.randn(T * per_token, n_in, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(T * per_token, n_out, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(*([experts] if experts else []), n_out, n_in, device="cuda") * 0.02
+        if r.fp8_gemm:  # the experts' weights are quantized in every call (GroupedLinear caches none)
+            calls = fp8_calls(r, seeds, x, dy, w, name in KEEPS_X, args.accum, cached_w=not experts)
+        else:
+            calls = bf16_calls(r, seeds, x, dy, w, name in KEEPS_X)
+        for op, t, fn, bytes_per_el, share in calls:
             if args.sr_only and "dy" not in op:
                 continue
             ms = graph_ms(fn)
@@ -140,7 +150,7 @@ def _quantizers(r):
     return q, pair
 
 
-def bf16_calls(r, seeds, x, dy, w, keeps, accum):
+def bf16_calls(r, seeds, x, dy, w, keeps):
     """The quantize calls of a layer on bf16 GEMMs: (what, tensor, call, bytes moved per element,
     calls a micro-step: 1 for what the layer runs, 0 for the halves of its one-kernel pairs)."""
     op, (q, pair), packed_x = fp4._operands(r, seeds), _quantizers(r), _packed_bytes(r)
@@ -158,27 +168,30 @@ def bf16_calls(r, seeds, x, dy, w, keeps, accum):
             ("wgrad x dequantize", x, lambda: fp4.dequantize(qx, torch.bfloat16), 2 + packed_x, not keeps)]
 
 
-def fp8_calls(r, seeds, x, dy, w, keeps, accum):
+def fp8_calls(r, seeds, x, dy, w, keeps, accum, cached_w=True):
     """The same on FP8 GEMMs (fp4._forward, _backward): each FP8 side from an amax pass first
     (2 bytes an element read; none for x at unit scale), Wgrad's x packed and made FP8 in
-    backward, the weights' FP8 pair once per optimizer step (1 / accum calls a micro-step)."""
+    backward; cached_w: the weights' FP8 pair once per optimizer step (1 / accum calls a
+    micro-step), else each GEMM's weight quantized in its call."""
     op, (q, pair), packed_x = fp4._operands(r, seeds), _quantizers(r), _packed_bytes(r)
     e4, e5 = fp4.E4M3, fp4.E5M2
     x8, x_amax = (fp4.FP8_UNIT_X, 0) if r.fp8_x_scale == "unit" else (e4, 2)
     qx = q(x, op.wgrad_x, 0, packed=True)
-    wpair = lambda: fp4._quantize_operand_pair(w, op.fprop_w, op.dgrad_w, r, torch.float32, "",  # noqa: E731
-                                               fp8=(e4, e4))
-    return [("x: the tensor amax alone", x, lambda: kernels._flat_amax(x), 2, False),
-            ("dy: the tensor amax alone", dy, lambda: kernels._flat_amax(dy), 2, False),
-            ("fprop x (row FP8)", x, lambda: q(x, op.fprop_x, -1, fp8=x8), x_amax + 2 + 1, keeps),
-            ("x row FP8 + col packed, one kernel", x,
-             lambda: pair(x, op.fprop_x, op.wgrad_x, packed_col=True, fp8=(x8, None)),
-             x_amax + 2 + 1 + packed_x, not keeps),
-            ("wgrad x (col FP8, in backward)", x, lambda: q(x, op.wgrad_x, 0, fp8=e4), 2 + 2 + 1, keeps),
-            ("wgrad x packed -> FP8", x, lambda: fp4.fp8_from_packed(qx, e4), packed_x + 1, not keeps),
-            ("dy row + col FP8, one kernel", dy, lambda: pair(dy, op.dgrad_dy, op.wgrad_dy, fp8=(e5, e5)),
-             2 + 2 + 1 + 1, True),
-            ("W both FP8 from fp32, amax first", w, wpair, 4 + 4 + 1 + 1, 1 / accum)]
+    calls = [("x: the tensor amax alone", x, lambda: kernels._flat_amax(x), 2, False),
+             ("dy: the tensor amax alone", dy, lambda: kernels._flat_amax(dy), 2, False),
+             ("fprop x (row FP8)", x, lambda: q(x, op.fprop_x, -1, fp8=x8), x_amax + 2 + 1, keeps),
+             ("x row FP8 + col packed, one kernel", x,
+              lambda: pair(x, op.fprop_x, op.wgrad_x, packed_col=True, fp8=(x8, None)),
+              x_amax + 2 + 1 + packed_x, not keeps),
+             ("wgrad x (col FP8, in backward)", x, lambda: q(x, op.wgrad_x, 0, fp8=e4), 2 + 2 + 1, keeps),
+             ("wgrad x packed -> FP8", x, lambda: fp4.fp8_from_packed(qx, e4), packed_x + 1, not keeps),
+             ("dy row + col FP8, one kernel", dy, lambda: pair(dy, op.dgrad_dy, op.wgrad_dy, fp8=(e5, e5)),
+              2 + 2 + 1 + 1, True)]
+    if cached_w:  # amax, a read and both FP8 outputs
+        return calls + [("W both FP8 from fp32, amax first", w, lambda: fp4._quantize_operand_pair(
+            w, op.fprop_w, op.dgrad_w, r, torch.float32, "", fp8=(e4, e4)), 4 + 4 + 1 + 1, 1 / accum)]
+    return calls + [("fprop W (row FP8 from fp32, amax first)", w, lambda: q(w, op.fprop_w, -1, fp8=e4), 9, 1),
+                    ("dgrad W (col FP8 from fp32, amax first)", w, lambda: q(w, op.dgrad_w, -2, fp8=e4), 9, 1)]
 
 
 if __name__ == "__main__":
