@@ -2,11 +2,12 @@
 the six operands of Fprop / Dgrad / Wgrad plus the dequantize of Wgrad's packed x (x and dy each
 one kernel for both orientations, as the layer runs them, and each half alone), at the four
 linear shapes of a 12 x 768 block (16384 tokens), timed from CUDA-graph replays (no host cost),
-as effective bandwidth over the device copy; --moe: the MoE's (attention's two and the
-experts' two, grouped). --fp8: the recipe on FP8 GEMMs (its amax passes,
-the packed x made FP8 in backward, the weights' FP8 pair once per optimizer step). The last line
-gives the time the same bytes take at copy speed: how far faster kernels of this data flow
-could take the quantization (docs/performance.md, how far this design can go).
+as effective bandwidth over the device copy. --moe: the MoE's four instead (attention's two,
+and the experts' two as grouped layers on twice the tokens' rows). --fp8: the recipe on FP8
+GEMMs (its amax passes, the packed x made FP8 in backward, the weights' FP8 pair once per
+optimizer step). The last line gives the time the same bytes take at copy speed: how far faster
+kernels of this data flow could take the quantization (docs/performance.md, how far this design
+can go).
 
     python dev/quant_breakdown.py [--recipe=ufp4] [--tokens=16384] [--fp8 [--fp8_x_scale=unit]] [--moe]
 """
