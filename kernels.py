@@ -207,38 +207,13 @@ def _grid_mag(idx, E2M1: tl.constexpr, NSEG: tl.constexpr, S1: tl.constexpr, S2:
 
 
 @triton.jit
-def _philox(seed, counter, ROUNDS: tl.constexpr):
-    """tl.randint4x(seed, counter, ROUNDS) for int32 counters, bit for bit: Philox4x32 on the
-    counter (counter, 0, 0, 0) and the key (seed's low, high 32 bits). Each round's two 32 x 32-bit
-    products come whole from 64-bit multiplies, one instruction each on sm_90 where umulhi and mul
-    take two."""
-    seed = seed.to(tl.uint64)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = (seed >> 32).to(tl.uint32)
-    c0 = counter.to(tl.uint32)
-    c1 = c0 * 0
-    c2 = c1
-    c3 = c1
-    for _ in tl.static_range(ROUNDS):
-        pb = c2.to(tl.uint64) * 0xCD9E8D57
-        pa = c0.to(tl.uint64) * 0xD2511F53
-        c0 = (pb >> 32).to(tl.uint32) ^ c1 ^ k0
-        c2 = (pa >> 32).to(tl.uint32) ^ c3 ^ k1
-        c1 = pb.to(tl.uint32)
-        c3 = pa.to(tl.uint32)
-        k0 = tl.add(k0, 0x9E3779B9, sanitize_overflow=False)
-        k1 = tl.add(k1, 0xBB67AE85, sanitize_overflow=False)
-    return c0, c1, c2, c3
-
-
-@triton.jit
 def _uniform(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr, BITS: tl.constexpr):
     """1 + (r + 0.5) / 2^BITS (fp32) per element of an [R, C] tile, r BITS random bits (8 or 16)
     placed in the mantissa (no int -> float conversion), from one Philox call per 128 / BITS
     elements; roff [R, C * BITS / 128] int32 are the element-group counters (distinct across the
     tensor)."""
     tl.static_assert(BITS == 8 or BITS == 16)
-    r0, r1, r2, r3 = _philox(seed, roff, ROUNDS)
+    r0, r1, r2, r3 = tl.randint4x(seed, roff, ROUNDS)
     if BITS == 8:
         MID: tl.constexpr = 0x3F804000  # 1 + 2^-9, the 1 and the 0.5 of 1 + (r + 0.5) / 2^8
         w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 16, 4])
