@@ -31,11 +31,11 @@
 #            at CUT seconds (default 240; log.jsonl keeps the telemetry steps reached)
 #   quant_bound  dev/quant_breakdown.py's quantize calls of a GPT-2-small block against the same
 #            bytes at copy speed, for ufp4 and for mxfp4 (x scaled by its amax and at unit
-#            scale) and mxint4 on FP8 GEMMs (about 3 minutes)
+#            scale) and mxint4 on FP8 GEMMs (68 s on a warm H100)
 #   quant_bound_bench  the dense bench.py table that goes with it: bf16, ufp4, mxfp4 and mxint4
 #            on FP8 GEMMs, two rounds
 #   quant_bound_moe  the same two for the MoE (its experts' grouped layers): ufp4 and mxfp4 on
-#            FP8 GEMMs against bf16
+#            FP8 GEMMs against bf16 (about 6 minutes on an H100)
 #   fp8_e8m0 the same for UFP4's recipe on 1x16 power-of-two scales (int4/16/e8m0) and mxint4
 #   fp8_wide the table (no check) of the wide 24 x 2048 model where the GEMMs dominate: bf16 and
 #            mxfp4 on FP8 GEMMs, x packed and as FP8 (331 s on a fresh H100; each recipe compiles
@@ -150,11 +150,11 @@ quant_bound|quant_bound_moe)
     fi
     for args in "${runs[@]}"; do
         name=quant_$(echo "$args" | sed 's/ --fp8_x_scale=unit/_unit_x/; s/ --fp8/_fp8/; s/ --moe/_moe/')
-        timeout 150 python3 dev/quant_breakdown.py --recipe=$args > "$OUT/$name.txt" 2>&1
+        timeout 90 python3 dev/quant_breakdown.py --recipe=$args > "$OUT/$name.txt" 2>&1
         echo "== $name rc=$?: $(tail -1 "$OUT/$name.txt")" | tee -a "$OUT/bench.log"
     done
     if [ $set_name = quant_bound_moe ]; then
-        one quant_bound_moe 480 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        one quant_bound_moe 400 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
             --recipes=bf16,ufp4,mxfp4+$F
     fi ;;
 quant_bound_bench)

@@ -5,9 +5,9 @@ linear shapes of a 12 x 768 block (16384 tokens), timed from CUDA-graph replays 
 as effective bandwidth over the device copy. --moe: the MoE's four instead (attention's two,
 and the experts' two as grouped layers on twice the tokens' rows). --fp8: the recipe on FP8
 GEMMs (its amax passes, the packed x made FP8 in backward, the weights' FP8 pair once per
-optimizer step). The last line gives the time the same bytes take at copy speed: how far faster
-kernels of this data flow could take the quantization (docs/performance.md, how far this design
-can go).
+optimizer step). The last line sums the calls as if each moved its bytes at copy speed (one
+already faster, reading from L2, as measured): how far faster kernels of this data flow could
+take the quantization (docs/performance.md, how far this design can go).
 
     python dev/quant_breakdown.py [--recipe=ufp4] [--tokens=16384] [--fp8 [--fp8_x_scale=unit]] [--moe]
 """
@@ -123,7 +123,7 @@ def breakdown(args):
             calls = fp8_calls(r, seeds, x, dy, w, name in KEEPS_X, args.accum, cached_w=not experts)
         else:
             calls = bf16_calls(r, seeds, x, dy, w, name in KEEPS_X)
-        for op, t, fn, bytes_per_el, share in calls:
+        for op, t, fn, bytes_per_el, share in calls:  # share: calls a micro-step (a bool: 1 or 0)
             if args.sr_only and "dy" not in op:
                 continue
             ms = graph_ms(fn)
@@ -177,6 +177,7 @@ def fp8_calls(r, seeds, x, dy, w, keeps, accum, cached_w=True):
     backward; cached_w: the weights' FP8 pair once per optimizer step (1 / accum calls a
     micro-step), else each GEMM's weight quantized in its call."""
     op, (q, pair), packed_x = fp4._operands(r, seeds), _quantizers(r), _packed_bytes(r)
+    scales = packed_x - 0.5
     e4, e5 = fp4.E4M3, fp4.E5M2
     x8, x_amax = (fp4.FP8_UNIT_X, 0) if r.fp8_x_scale == "unit" else (e4, 2)
     qx = q(x, op.wgrad_x, 0, packed=True)
@@ -187,14 +188,16 @@ def fp8_calls(r, seeds, x, dy, w, keeps, accum, cached_w=True):
               lambda: pair(x, op.fprop_x, op.wgrad_x, packed_col=True, fp8=(x8, None)),
               x_amax + 2 + 1 + packed_x, not keeps),
              ("wgrad x (col FP8, in backward)", x, lambda: q(x, op.wgrad_x, 0, fp8=e4), 2 + 2 + 1, keeps),
-             ("wgrad x packed -> FP8", x, lambda: fp4.fp8_from_packed(qx, e4), packed_x + 1, not keeps),
+             # the largest block scale first (the scales read twice), then the values
+             ("wgrad x packed -> FP8", x, lambda: fp4.fp8_from_packed(qx, e4), packed_x + scales + 1, not keeps),
              ("dy row + col FP8, one kernel", dy, lambda: pair(dy, op.dgrad_dy, op.wgrad_dy, fp8=(e5, e5)),
               2 + 2 + 1 + 1, True)]
     if cached_w:  # amax, a read and both FP8 outputs
         return calls + [("W both FP8 from fp32, amax first", w, lambda: fp4._quantize_operand_pair(
             w, op.fprop_w, op.dgrad_w, r, torch.float32, "", fp8=(e4, e4)), 4 + 4 + 1 + 1, 1 / accum)]
-    return calls + [("fprop W (row FP8 from fp32, amax first)", w, lambda: q(w, op.fprop_w, -1, fp8=e4), 9, 1),
-                    ("dgrad W (col FP8 from fp32, amax first)", w, lambda: q(w, op.dgrad_w, -2, fp8=e4), 9, 1)]
+    per_call = 4 + 4 + 1  # amax, a read of the fp32 weight and its FP8 output
+    return calls + [("fprop W (row FP8 from fp32, amax first)", w, lambda: q(w, op.fprop_w, -1, fp8=e4), per_call, 1),
+                    ("dgrad W (col FP8 from fp32, amax first)", w, lambda: q(w, op.dgrad_w, -2, fp8=e4), per_call, 1)]
 
 
 if __name__ == "__main__":
