@@ -79,6 +79,14 @@ train_run() {  # name, seconds, config, then train.py flags: its log, and log.js
     echo "== $name rc=$? (124: cut at $limit s): $(tail -1 "$OUT/$name.log")" >> "$OUT/bench.log"
     cp "out/$name/log.jsonl" "$OUT/${name}_log.jsonl" 2>/dev/null
 }
+quant_calls() {  # dev/quant_breakdown.py once per argument (its recipe and flags): each table, and its last line
+    local args name
+    for args in "$@"; do
+        name=quant_$(echo "$args" | sed 's/ --fp8_x_scale=unit/_unit_x/; s/ --fp8/_fp8/; s/ --moe/_moe/')
+        timeout 90 python3 dev/quant_breakdown.py --recipe=$args > "$OUT/$name.txt" 2>&1
+        echo "== $name rc=$?: $(tail -1 "$OUT/$name.txt")" | tee -a "$OUT/bench.log"
+    done
+}
 G="--compile=True --compile_mode=reduce-overhead"; F=recipe_fp8_gemm=True; X=recipe_fp8_wgrad_x=fp8
 # the 300-step eager telemetry run of the small model (blocks out of the FP8 window)
 SMALL="configs/gpu/ablate_gpt.py --max_iters=300 --telemetry_interval=100 --eval_interval=300 --eval_iters=2"
@@ -142,24 +150,15 @@ loss_chunk_pairs)
         done
         echo "$r seed $seed  whole ${v[0]}  chunks4096 ${v[1]}  chunks2048 ${v[2]}" | tee -a "$OUT/bench.log"
     done; done ;;
-quant_bound|quant_bound_moe)
-    if [ $set_name = quant_bound ]; then
-        runs=("ufp4" "mxfp4 --fp8" "mxfp4 --fp8 --fp8_x_scale=unit" "mxint4 --fp8")
-    else
-        runs=("ufp4 --moe" "mxfp4 --fp8 --moe")
-    fi
-    for args in "${runs[@]}"; do
-        name=quant_$(echo "$args" | sed 's/ --fp8_x_scale=unit/_unit_x/; s/ --fp8/_fp8/; s/ --moe/_moe/')
-        timeout 90 python3 dev/quant_breakdown.py --recipe=$args > "$OUT/$name.txt" 2>&1
-        echo "== $name rc=$?: $(tail -1 "$OUT/$name.txt")" | tee -a "$OUT/bench.log"
-    done
-    if [ $set_name = quant_bound_moe ]; then
-        one quant_bound_moe 400 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-            --recipes=bf16,ufp4,mxfp4+$F
-    fi ;;
+quant_bound)
+    quant_calls "ufp4" "mxfp4 --fp8" "mxfp4 --fp8 --fp8_x_scale=unit" "mxint4 --fp8" ;;
 quant_bound_bench)
     one quant_bound_dense 500 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4,mxfp4+$F,mxint4+$F ;;
+quant_bound_moe)
+    quant_calls "ufp4 --moe" "mxfp4 --fp8 --moe"
+    one quant_bound_moe 400 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,ufp4,mxfp4+$F ;;
 fp8_window_unit)
     W="--recipe=mxfp4 --$F --recipe_fp8_x_scale=unit"
     train_run fp8_window_unit_mxfp4 "${CUT:-240}" $SMALL $W &
