@@ -207,23 +207,32 @@ def _grid_mag(idx, E2M1: tl.constexpr, NSEG: tl.constexpr, S1: tl.constexpr, S2:
 
 
 @triton.jit
-def _uniform(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr, BITS: tl.constexpr):
-    """1 + (r + 0.5) / 2^BITS (fp32) per element of an [R, C] tile, r BITS random bits (8 or 16)
-    placed in the mantissa (no int -> float conversion), from one Philox call per 128 / BITS
-    elements; roff [R, C * BITS / 128] int32 are the element-group counters (distinct across the
-    tensor)."""
+def _random_bits(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr, BITS: tl.constexpr,
+                 TOP: tl.constexpr):
+    """r + 0.5 in units of 2^(TOP - BITS) (int32) per element of an [R, C] tile: r BITS random bits
+    (8 or 16) at bits TOP - BITS .. TOP - 1, and the half at the bit below, from one Philox call per
+    128 / BITS elements; roff [R, C * BITS / 128] int32 are the element-group counters (distinct
+    across the tensor)."""
     tl.static_assert(BITS == 8 or BITS == 16)
     r0, r1, r2, r3 = tl.randint4x(seed, roff, ROUNDS)
+    HALF: tl.constexpr = 1 << (TOP - BITS - 1)
     if BITS == 8:
-        MID: tl.constexpr = 0x3F804000  # 1 + 2^-9, the 1 and the 0.5 of 1 + (r + 0.5) / 2^8
+        M8: tl.constexpr = 255 << (TOP - 8)
         w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 16, 4])
-        u = tl.join(tl.join(((w << 15) & 0x7F8000) | MID, ((w << 7) & 0x7F8000) | MID),
-                    tl.join(((w >> 1) & 0x7F8000) | MID, ((w >> 9) & 0x7F8000) | MID))
+        u = tl.join(tl.join(((w << (TOP - 8)) & M8) | HALF, ((w << (TOP - 16)) & M8) | HALF),
+                    tl.join(((w >> (24 - TOP)) & M8) | HALF, ((w >> (32 - TOP)) & M8) | HALF))
     else:
-        MID16: tl.constexpr = 0x3F800040  # 1 + 2^-17
+        M16: tl.constexpr = 65535 << (TOP - 16)
         u = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [R, C // 8, 4])
-        u = tl.join(((u << 7) & 0x7FFF80) | MID16, ((u >> 9) & 0x7FFF80) | MID16)
-    return tl.reshape(u, [R, C]).to(tl.float32, bitcast=True)
+        u = tl.join(((u << (TOP - 16)) & M16) | HALF, ((u >> (32 - TOP)) & M16) | HALF)
+    return tl.reshape(u, [R, C]).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _uniform(seed, roff, R: tl.constexpr, C: tl.constexpr, ROUNDS: tl.constexpr, BITS: tl.constexpr):
+    """1 + (r + 0.5) / 2^BITS (fp32) per element of an [R, C] tile: _random_bits placed in the
+    mantissa of 1 (no int -> float conversion)."""
+    return (_random_bits(seed, roff, R, C, ROUNDS, BITS, 23) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -486,13 +495,13 @@ def _round_to_grid(a, seed, roff, R: tl.constexpr, C: tl.constexpr, NB: tl.const
                    SR: tl.constexpr, ROUNDS: tl.constexpr, RBITS: tl.constexpr):
     """Magnitudes a (in grid units, at most qmax) -> (grid magnitudes, RTNE's a + step 2^23 or 0)."""
     biased = 0
-    if SR and E2M1:  # a's piece from its exponent bits, as RTNE below; each piece starts at a
-        # multiple of its step, so floor(a / step + u) needs no start
-        step = _pow2_floor_1(a) * 0.5
-        inv = (0x7F000000 - step.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 1 / step
-        one_u = tl.reshape(_uniform(seed, roff, R, C, ROUNDS, RBITS), [R, NB, BLOCK])
-        # a * inv is exact (a power of two), so the fused multiply-add rounds as the add alone
-        mag = _floor_m1(tl.fma(a, inv, one_u)) * step
+    if SR and E2M1:  # E2M1 is a float of one mantissa bit whose subnormal step (0.5) is its first
+        # binade's; so is fp32 at its smallest normal binade, and a * 2^-126 lays a's grid over
+        # fp32's bits there (as _grid_code). floor(a / step + u) is then an integer add of the
+        # random bits below the kept mantissa bit and a mask: exact, where a float add rounds
+        low = (a * 1.1754943508222875e-38).to(tl.int32, bitcast=True)
+        r = tl.reshape(_random_bits(seed, roff, R, C, ROUNDS, RBITS, 22), [R, NB, BLOCK])
+        mag = ((low + r) & -4194304).to(tl.float32, bitcast=True) * 8.507059173023462e37
     elif SR and NSEG == 1:  # floor(k + u), u uniform on (0, 1) in RBITS bits: up with
         # probability ~frac(k); k = a / step exactly (a power of two), fused as above
         one_u = tl.reshape(_uniform(seed, roff, R, C, ROUNDS, RBITS), [R, NB, BLOCK])
