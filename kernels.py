@@ -498,7 +498,9 @@ def _round_to_grid(a, seed, roff, R: tl.constexpr, C: tl.constexpr, NB: tl.const
     if SR and E2M1:  # E2M1 is a float of one mantissa bit whose subnormal step (0.5) is its first
         # binade's; so is fp32 at its smallest normal binade, and a * 2^-126 lays a's grid over
         # fp32's bits there (as _grid_code). floor(a / step + u) is then an integer add of the
-        # random bits below the kept mantissa bit and a mask: exact, where a float add rounds
+        # random bits below the kept mantissa bit and a mask (below 1, a subnormal there, a is
+        # first rounded to 2^-23, as the float add it replaces rounded to 24 bits: both far
+        # finer than u's 2^-8)
         low = (a * 1.1754943508222875e-38).to(tl.int32, bitcast=True)
         r = tl.reshape(_random_bits(seed, roff, R, C, ROUNDS, RBITS, 22), [R, NB, BLOCK])
         mag = ((low + r) & -4194304).to(tl.float32, bitcast=True) * 8.507059173023462e37
