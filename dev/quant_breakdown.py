@@ -26,9 +26,10 @@ import kernels  # noqa: E402
 from bench_kernels import graphed  # noqa: E402
 from model import GPT  # noqa: E402
 
-SHAPES = {"qkv": (768, 2304), "proj": (768, 768), "fc": (768, 3072), "fc2": (3072, 768)}
+# (in, out, rows per token, experts: 0 for a plain linear) of a block's four linears
+SHAPES = {"qkv": (768, 2304, 1, 0), "proj": (768, 768, 1, 0), "fc": (768, 3072, 1, 0), "fc2": (3072, 768, 1, 0)}
 # --moe: the MoE of configs/gpu/moe_gpt2_small_*.py, its experts' linears (8 experts of hidden
-# 1536, top-2: twice the tokens' rows, grouped) beside attention's: (in, out, rows per token, experts)
+# 1536, top-2: twice the tokens' rows, grouped) beside attention's
 MOE_SHAPES = {"qkv": (768, 2304, 1, 0), "proj": (768, 768, 1, 0), "w_in": (768, 1536, 2, 8),
               "w_down": (1536, 768, 2, 8)}
 # layers that keep x for Wgrad and quantize it in backward (GPT.fp4_keep_x: attention's proj,
@@ -114,8 +115,7 @@ def breakdown(args):
         return tiles(r, T, seeds, copy_bw)
     print("| layer | operand | shape | us | xcopy |\n|---|---|---|---|---|")
     total = at_copy = 0.0
-    shapes = MOE_SHAPES if args.moe else {k: (*v, 1, 0) for k, v in SHAPES.items()}
-    for name, (n_in, n_out, per_token, experts) in shapes.items():
+    for name, (n_in, n_out, per_token, experts) in (MOE_SHAPES if args.moe else SHAPES).items():
         x = torch.randn(T * per_token, n_in, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(T * per_token, n_out, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(*([experts] if experts else []), n_out, n_in, device="cuda") * 0.02
