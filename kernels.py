@@ -505,7 +505,8 @@ def _round_to_grid(a, seed, roff, R: tl.constexpr, C: tl.constexpr, NB: tl.const
         r = tl.reshape(_random_bits(seed, roff, R, C, ROUNDS, RBITS, 22), [R, NB, BLOCK])
         mag = ((low + r) & -4194304).to(tl.float32, bitcast=True) * 8.507059173023462e37
     elif SR and NSEG == 1:  # floor(k + u), u uniform on (0, 1) in RBITS bits: up with
-        # probability ~frac(k); k = a / step exactly (a power of two), fused as above
+        # probability ~frac(k); a / step is exact (a power of two), so the fused multiply-add
+        # rounds as the add alone
         one_u = tl.reshape(_uniform(seed, roff, R, C, ROUNDS, RBITS), [R, NB, BLOCK])
         mag = _floor_m1(tl.fma(a, 1.0 / ST0, one_u)) * ST0
     elif SR:  # the same per piece: k = (a - start) / step

@@ -324,15 +324,15 @@ def _linear_ce_op(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     the GEMMs in `dtype`, weight's gradient summed over chunks in fp32, returned in weight's dtype."""
     xd, wd = x.to(dtype), weight.to(dtype)
     scale = 1.0 / (targets != -1).sum().float()   # a device tensor: no wait for the host
-    dx = torch.empty_like(xd)
-    dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-    total = _ce_chunks(xd, wd, targets, scale, rows, dx, dw)   # (its logits freed on return)
+    total, dx, dw = _ce_chunks(xd, wd, targets, scale, rows)   # (its logits freed on return)
     return total * scale, dx.to(x.dtype), dw.to(weight.dtype)
 
-def _ce_chunks(xd, wd, targets, scale, rows, dx, dw):
-    """_linear_ce_op's loop: the summed losses; dx and dw (fp32) filled chunk by chunk."""
+def _ce_chunks(xd, wd, targets, scale, rows):
+    """_linear_ce_op's loop -> (the summed losses, dx in xd's dtype, dw in fp32)."""
     kernels = fp4.kernels_for(xd)
     grad_ = kernels.softmax_grad_ if kernels else softmax_grad_
+    dx = torch.empty_like(xd)
+    dw = torch.zeros(wd.shape, dtype=torch.float32, device=wd.device)
     total = torch.zeros((), dtype=torch.float32, device=xd.device)
     buffer = xd.new_empty(min(rows, xd.shape[0]), wd.shape[0])   # one chunk's logits, reused
     for i in range(0, xd.shape[0], rows):
@@ -341,7 +341,7 @@ def _ce_chunks(xd, wd, targets, scale, rows, dx, dw):
         total += grad_(logits, targets[i:i + rows], scale).sum()   # logits now hold their gradient
         torch.mm(logits, wd, out=dx[i:i + rows])
         _addmm_fp32_(dw, logits.t(), xc)
-    return total
+    return total, dx, dw
 
 @_linear_ce_op.register_fake
 def _(x, weight, targets, dtype, rows):
