@@ -463,7 +463,6 @@ def test_loader_windows(ramp_dataset):
     for _ in range(20):
         x, y = loader.next_batch()
         assert x.shape == y.shape == (64, 16) and x.dtype == y.dtype == torch.int64
-        assert x.min() >= 0 and y.max() <= 999
         assert torch.equal(y, x + 1)  # y is x shifted by one
         assert torch.equal(x, x[:, :1] + torch.arange(16))  # contiguous windows
     assert loader.step == 20

@@ -488,11 +488,14 @@ def test_sr_unbiased(name):
         levels = torch.tensor(lv, dtype=torch.float64)
         gap = ((y.double().abs() / scale)[..., None] - levels).abs().amin(-1)
         assert (gap <= 1e-6).all(), f"{name} dim={dim}: off-grid draws, worst {gap.max():.3g}"
-        # exact grid points never move
+        # exact grid points never move: without the RHT the planted ones; after it, only each
+        # block's largest value, where the scale is its amax / qmax (e8m0 and e4m3 scales round it)
         exact = (lo[0] == ref[0]) & (ref[0] != 0)
-        assert rht or exact.sum() >= 4 * (64 // fmt.block), f"{name}: {int(exact.sum())} exact points"
-        assert (y[:, exact] == ref[0, exact]).all()
-        assert (sd[exact] == 0).all()
+        want = (1 if fmt.scale == "fp32" else 0) if rht else 4
+        assert exact.sum() >= want * (64 // fmt.block), f"{name}: {int(exact.sum())} exact points"
+        if want:
+            assert (y[:, exact] == ref[0, exact]).all()
+            assert (sd[exact] == 0).all()
 
 
 @pytest.mark.parametrize("bits", [8, 16])
