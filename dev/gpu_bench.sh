@@ -51,13 +51,15 @@
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
 #            eager; results/kernels/fp8_window.md): about 6 minutes
+#   memory   scripts/memory_breakdown.py's bf16 and ufp4 peaks (what is alive there, by allocating
+#            line) for the MoE and the dense GPT-2 small (results/profile/memory_moe_ufp4.txt)
 #   kernels  tests/gpu/check_kernels.py, --quick then at full size, each split over 4 processes
 #            that compile at once (--part=k/4; the quick check took 55 s so, 200+ s in one)
 # The FP8 tables run their recipe list forward and back (--rounds=2: a recipe that runs after
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -195,6 +197,12 @@ checks)
     timeout 300 python3 tests/gpu/check_compile.py > "$OUT/check_compile.log" 2>&1
     grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
     train_run fp8_window 240 $SMALL --recipe=mxint4 --$F ;;
+memory)
+    for m in moe_gpt2_small gpt2_small; do
+        timeout 250 python3 scripts/memory_breakdown.py configs/gpu/${m}_bf16.py --recipes=bf16,ufp4 \
+            --compile_mode=reduce-overhead > "$OUT/memory_$m.txt" 2>&1
+        echo "== memory_$m rc=$?: $(grep -m1 '^| ufp4 ' "$OUT/memory_$m.txt")" | tee -a "$OUT/bench.log"
+    done ;;
 kernels)
     for size in quick full; do
         flag=$([ $size = quick ] && echo --quick)
@@ -205,6 +213,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
