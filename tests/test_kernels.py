@@ -491,7 +491,7 @@ def test_sr_unbiased(name):
         # exact grid points never move: without the RHT the planted ones; after it, only each
         # block's largest value, where the scale is its amax / qmax (e8m0 and e4m3 scales round it)
         exact = (lo[0] == ref[0]) & (ref[0] != 0)
-        want = (1 if fmt.scale == "fp32" else 0) if rht else 4
+        want = 4 if not rht else 1 if fmt.scale == "fp32" else 0   # exact points per block
         assert exact.sum() >= want * (64 // fmt.block), f"{name}: {int(exact.sum())} exact points"
         if want:
             assert (y[:, exact] == ref[0, exact]).all()
