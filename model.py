@@ -347,20 +347,28 @@ def _ce_chunks(xd, wd, targets, scale, rows):
 def _(x, weight, targets, dtype, rows):
     return x.new_empty((), dtype=torch.float32), x.new_empty(x.shape), weight.new_empty(weight.shape)
 
-def _linear_ce_setup(ctx, inputs, output):
-    ctx.save_for_backward(*output[1:])
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The op under autograd. x is cast to the GEMMs' dtype here, not in the op, so that compiled
+    the cast joins the norm before it and no fp32 x is alive beside the op's copy; backward casts
+    dx back before scaling it, as the op's own cast did."""
+    @staticmethod
+    def forward(ctx, x, weight, targets, dtype, rows):
+        loss, dx, dw = _linear_ce_op(x.to(dtype), weight, targets, dtype, rows)
+        ctx.save_for_backward(dx, dw)
+        ctx.x_dtype = x.dtype
+        return loss
 
-def _linear_ce_backward(ctx, grad_loss, *_):
-    dx, dw = ctx.saved_tensors
-    return dx * grad_loss.to(dx.dtype), dw * grad_loss.to(dw.dtype), None, None, None
-
-_linear_ce_op.register_autograd(_linear_ce_backward, setup_context=_linear_ce_setup)
+    @staticmethod
+    def backward(ctx, grad_loss):
+        dx, dw = ctx.saved_tensors
+        dx = dx.to(ctx.x_dtype)
+        return dx * grad_loss.to(dx.dtype), dw * grad_loss.to(dw.dtype), None, None, None
 
 def linear_cross_entropy(x, weight, targets, rows):
     """cross_entropy(x @ weight.T, targets) for training, `rows` tokens at a time (_linear_ce_op),
     its GEMMs in the dtype fp4's layers compute in (autocast's, else x's)."""
-    return _linear_ce_op(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
-                         fp4.compute_dtype(x), rows)[0]
+    return _LinearCrossEntropy.apply(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
+                                     fp4.compute_dtype(x), rows)
 
 class Block(nn.Module):
     def __init__(self, config, moe):

@@ -185,6 +185,26 @@ def test_linear_cross_entropy_under_autocast_computes_in_its_dtype():
     assert (fp32 - grads[1][0]).abs() > 1e-5   # bf16 GEMMs, not fp32 ones
 
 
+def test_linear_cross_entropy_casts_x_before_its_op_to_the_same_bits():
+    """x is cast to the GEMMs' dtype before the op (so that, compiled, no fp32 copy of x is alive
+    beside it), and dx cast back before the loss's gradient scales it: the loss and both
+    gradients equal, bit for bit, the op's outputs for fp32 x (which it casts itself) scaled in
+    fp32. Scaling dx in bf16 before the cast back would round it."""
+    import model
+    x = torch.randn(48, 32, requires_grad=True)
+    w = (torch.randn(V, 32) * 0.3).requires_grad_()
+    targets = torch.randint(0, V, (48,))
+    with torch.no_grad():
+        loss_op, dx_op, dw_op = model._linear_ce_op(x, w, targets, torch.bfloat16, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, w, targets, 16)
+    g = torch.tensor(0.3)
+    (loss * g).backward()
+    assert dx_op.dtype == x.grad.dtype == torch.float32
+    assert torch.equal(loss, loss_op)
+    assert torch.equal(x.grad, dx_op * g) and torch.equal(w.grad, dw_op * g)
+
+
 def test_the_fp32_accumulating_addmm_is_used_only_where_it_adds(monkeypatch):
     """dW's chunks add into an fp32 sum through addmm's fp32 output only where a value check shows
     that it adds: an overload that overwrites its output (which would keep only the last chunk's
@@ -207,11 +227,11 @@ def test_the_fp32_accumulating_addmm_is_used_only_where_it_adds(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_cross_entropy_op_registration(dtype):
     """torch.library's own checks of the custom op (each raises on failure): its schema, its fake
-    (shapes and dtypes for the compiler) against the real outputs, its autograd registration, and
-    AOT dispatch as torch.compile runs it."""
+    (shapes and dtypes for the compiler) against the real outputs, and AOT dispatch as
+    torch.compile runs it. Its gradients are outputs; autograd's formula is _LinearCrossEntropy."""
     import model
-    x = torch.randn(10, 8, dtype=dtype, requires_grad=True)
-    w = torch.randn(V, 8, dtype=dtype, requires_grad=True)
+    x = torch.randn(10, 8, dtype=dtype)
+    w = torch.randn(V, 8, dtype=dtype)
     targets = torch.randint(0, V, (10,))
     targets[2] = -1
     torch.library.opcheck(model._linear_ce_op, (x, w, targets, dtype, 4))
