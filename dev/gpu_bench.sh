@@ -51,8 +51,10 @@
 #   checks   the torch.compile check (tests/gpu/check_compile.py, the wide model's repeatability
 #            included), then blocks out of the FP8 window in a 300-step mxint4 run (telemetry,
 #            eager; results/kernels/fp8_window.md): about 6 minutes
-#   memory   scripts/memory_breakdown.py's bf16 and ufp4 peaks (what is alive there, by allocating
-#            line) for the MoE and the dense GPT-2 small (results/profile/memory_moe_ufp4.txt)
+#   memory   scripts/memory_breakdown.py's peaks (what is alive there, by allocating line): bf16
+#            and ufp4 for the MoE and the dense GPT-2 small, bf16 and mxfp4 on FP8 GEMMs for the
+#            wide model (results/profile/memory_moe_ufp4.txt, memory_dense.txt, memory_wide.txt;
+#            131, 85 and 171 s on a warm H100)
 #   kernels  tests/gpu/check_kernels.py, --quick then at full size, each split over 4 processes
 #            that compile at once (--part=k/4; the quick check took 55 s so, 200+ s in one)
 # The FP8 tables run their recipe list forward and back (--rounds=2: a recipe that runs after
@@ -198,10 +200,10 @@ checks)
     grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
     train_run fp8_window 240 $SMALL --recipe=mxint4 --$F ;;
 memory)
-    for m in moe_gpt2_small gpt2_small; do
-        timeout 250 python3 scripts/memory_breakdown.py configs/gpu/${m}_bf16.py --recipes=bf16,ufp4 \
-            --compile_mode=reduce-overhead > "$OUT/memory_$m.txt" 2>&1
-        echo "== memory_$m rc=$?: $(grep -m1 '^| ufp4 ' "$OUT/memory_$m.txt")" | tee -a "$OUT/bench.log"
+    for m in moe_gpt2_small:ufp4 gpt2_small:ufp4 wide_gpt:mxfp4+$F; do
+        timeout 250 python3 scripts/memory_breakdown.py configs/gpu/${m%%:*}_bf16.py --recipes=bf16,${m#*:} \
+            --compile_mode=reduce-overhead > "$OUT/memory_${m%%:*}.txt" 2>&1
+        echo "== memory_${m%%:*} rc=$?: $(grep -m1 '^| [um]' "$OUT/memory_${m%%:*}.txt")" | tee -a "$OUT/bench.log"
     done ;;
 kernels)
     for size in quick full; do
