@@ -203,7 +203,7 @@ memory)
     for m in moe_gpt2_small:ufp4 gpt2_small:ufp4 wide_gpt:mxfp4+$F; do
         timeout 250 python3 scripts/memory_breakdown.py configs/gpu/${m%%:*}_bf16.py --recipes=bf16,${m#*:} \
             --compile_mode=reduce-overhead > "$OUT/memory_${m%%:*}.txt" 2>&1
-        echo "== memory_${m%%:*} rc=$?: $(grep -m1 '^| [um]' "$OUT/memory_${m%%:*}.txt")" | tee -a "$OUT/bench.log"
+        echo "== memory_${m%%:*} rc=$?: $(grep -m1 -F "| ${m#*:} |" "$OUT/memory_${m%%:*}.txt")" | tee -a "$OUT/bench.log"
     done ;;
 kernels)
     for size in quick full; do
