@@ -13,8 +13,12 @@
 #   fp8_unit_x_wide, fp8_unit_x_mxint4  the same table (no checks) for the wide 24 x 2048 model,
 #            and for dense GPT-2 small's mxint4 (its Fprop has the RHT)
 #   fp8_combo  the fastest combinations measured one by one, together: dense GPT-2 small's mxfp4
-#            and mxint4 with x at unit scale, each with Wgrad's x kept packed and as FP8; then
-#            the MoE's mxfp4 at unit scale with all three GEMMs in fast accumulation
+#            and mxint4 with x at unit scale, each with Wgrad's x kept packed and as FP8; then a
+#            second table of bf16, ufp4, and mxfp4 on FP8 GEMMs with x scaled by its amax (the
+#            default) and at unit scale (187 + 129 s on a fresh H200)
+#   fp8_combo_moe_wide  the same combination for the MoE (mxfp4 at unit scale with all three
+#            GEMMs in fast accumulation, and ufp4) and for the wide 24 x 2048 model (mxfp4 at unit
+#            scale) against bf16 (198 + 190 s on a warm H200)
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
 #            and in chunks (the default), and bf16 in chunks of 2048
@@ -61,7 +65,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -121,10 +125,16 @@ fp8_unit_x_wide)
         --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit ;;
 fp8_combo)
     U=recipe_fp8_x_scale=unit
-    one fp8_gemm_combo 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+    one fp8_gemm_combo 400 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U,mxfp4+$F+$U+$X,mxint4+$F+$U,mxint4+$F+$U+$X
-    one fp8_gemm_combo_moe 170 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all ;;
+    one fp8_gemm_combo_defaults 190 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,ufp4,mxfp4+$F,mxfp4+$F+$U ;;
+fp8_combo_moe_wide)
+    U=recipe_fp8_x_scale=unit
+    one fp8_gemm_combo_moe 280 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all,ufp4
+    one fp8_gemm_combo_wide 280 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F+$U ;;
 loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1
     tail -4 "$OUT/check_loss.log"
@@ -215,6 +225,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
