@@ -682,6 +682,9 @@ class Recipe:
                                    # element, made FP8 in backward) or "fp8" (a byte: faster, more memory)
     fp8_x_scale: str = "amax"      # Fprop's x on FP8 GEMMs: "amax" (e4m3, its scale from a pass over x)
                                    # or "unit" (e5m2 at scale 1: no pass; an absolute window, FP8_UNIT_X)
+    fp8_weight_cache: str = "fp8"  # how FP4Linear.cache_weight keeps W's two operands between optimizer
+                                   # steps: "fp8" (a byte an element each) or "packed" (about half: made
+                                   # FP8 in every call, fp8_from_packed; less memory, a little slower)
 
     def __post_init__(self):  # a Recipe built directly (not by make_recipe) is checked too
         _check_types(self, Gemm, *GEMMS)
@@ -694,6 +697,9 @@ class Recipe:
         if self.fp8_wgrad_x not in ("packed", "fp8"):
             raise ValueError(f"fp8_wgrad_x must be 'packed' (4-bit codes + scales) or 'fp8' (e4m3), "
                              f"got {self.fp8_wgrad_x!r}")
+        if self.fp8_weight_cache not in ("fp8", "packed"):
+            raise ValueError(f"fp8_weight_cache must be 'fp8' (e4m3) or 'packed' (4-bit codes + scales), "
+                             f"got {self.fp8_weight_cache!r}")
         if self.fp8_x_scale not in ("amax", "unit"):
             raise ValueError(f"fp8_x_scale must be 'amax' (e4m3 scaled by x's amax) or 'unit' (e5m2 "
                              f"at scale 1), got {self.fp8_x_scale!r}")
@@ -741,14 +747,15 @@ def _gemm_names(value, key):
 
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
                 bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None, fp8_wgrad_x=None,
-                fp8_x_scale=None):
+                fp8_x_scale=None, fp8_weight_cache=None):
     """A preset, with ablation overrides (None keeps the preset's choice):
     fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
     list of GEMMs ('fprop,wgrad' or 'fprop/wgrad'); sr_dy: stochastic rounding on dy in Dgrad
     and Wgrad; fp8_gemm: True runs power-of-two-scaled formats on FP8 GEMMs (opt-in);
     fp8_fast_accum: the FP8 GEMMs that accumulate in fast mode, a list as for rht; fp8_wgrad_x:
     'packed' or 'fp8', how an FP8-GEMM layer keeps Wgrad's x from forward to backward;
-    fp8_x_scale: 'amax' or 'unit', how it scales Fprop's x (Recipe.fp8_x_scale)."""
+    fp8_x_scale: 'amax' or 'unit', how it scales Fprop's x (Recipe.fp8_x_scale); fp8_weight_cache:
+    'fp8' or 'packed', how it keeps its cached weight operands (Recipe.fp8_weight_cache)."""
     if isinstance(name, Recipe):
         r = name
     elif name in RECIPES:
@@ -776,7 +783,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     fast = _gemm_names(fp8_fast_accum, "fp8_fast_accum") if fp8_fast_accum is not None else None
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
                      bf16_last=bf16_last, fp8_gemm=fp8_gemm, fp8_fast_accum=fast,
-                     fp8_wgrad_x=fp8_wgrad_x, fp8_x_scale=fp8_x_scale).items():
+                     fp8_wgrad_x=fp8_wgrad_x, fp8_x_scale=fp8_x_scale,
+                     fp8_weight_cache=fp8_weight_cache).items():
         if v is not None:
             changes[k] = v
     if bf16_last is not None:
@@ -794,7 +802,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
                          f"mxfp4, mxint4 or a 'grid/block/e8m0' format, or leave fp8_gemm off")
     for key, value, asks_fp8 in (("fp8_fast_accum", fp8_fast_accum, fast),
                                  ("fp8_wgrad_x", fp8_wgrad_x, fp8_wgrad_x == "fp8"),
-                                 ("fp8_x_scale", fp8_x_scale, fp8_x_scale == "unit")):
+                                 ("fp8_x_scale", fp8_x_scale, fp8_x_scale == "unit"),
+                                 ("fp8_weight_cache", fp8_weight_cache, fp8_weight_cache == "packed")):
         if asks_fp8 and not out.fp8_gemm:
             raise ValueError(f"{key}={value!r} only changes FP8 GEMMs: add fp8_gemm=True "
                              f"(recipe_fp8_gemm), or leave {key} out")
@@ -1177,13 +1186,13 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
                tag: str, pack_x: bool, weight_q: list[_Tensor], aligned: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
     tensor scale (empty tensors where there is none); where _wgrad_x_fp8, its FP8 values [in, T]
-    and scale in the first two. weight_q: [] or the weight's cached FP8 operands (_cached_pairs).
+    and scale in the first two. weight_q: [] or the weight's cached operands (_cached_operand).
     aligned: expert groups laid out in whole group_multiple rows (GroupedLinear.forward)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seeds(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
     y, q = _forward(x, weight, counts, r, dtype, tag, seed, pack_x, _uses_fp8(r, counts, x.device),
-                    _cached_pairs(weight_q)[0], aligned)
+                    _cached_operand(weight_q, "fprop", r, weight), aligned)
     if q is None:
         return y, seed, none(torch.uint8), none(torch.float32), none(torch.float32)
     if isinstance(q, tuple):  # FP8 (values [T, in], scale): saved as [in, T] rows
@@ -1226,7 +1235,8 @@ def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: 
     """-> dx, dW (empty where not needed). x_saved: as _saved_x takes it. weight_q: as _linear_op's."""
     r = _RECIPES_BY_KEY[recipe]
     dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype, tag, seed,
-                       need_dx, need_dw, _uses_fp8(r, counts, dy.device), _cached_pairs(weight_q)[1], aligned)
+                       need_dx, need_dw, _uses_fp8(r, counts, dy.device),
+                       _cached_operand(weight_q, "dgrad", r, weight) if need_dx else None, aligned)
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))
 
@@ -1263,13 +1273,20 @@ def compute_dtype(x):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype if x.is_floating_point() and x.dtype.itemsize >= 2 else torch.float32
 
-def _cached_pairs(weight_q):
-    """[Fprop's values, scale, Dgrad's values, scale] -> (Fprop's Q(W), Dgrad's Q(W)) as FP8
-    (values, scale); (None, None) when there are none, or inside probe_alphas(), which records
-    the weight's operands as it quantizes them."""
+def _cached_operand(weight_q, gemm, recipe, weight):
+    """Fprop's (gemm "fprop") or Dgrad's ("dgrad") Q(W) as FP8 (values, scale) from the cache
+    [Fprop's values, scale, Dgrad's values, scale]: FP8 as kept, or packed codes and block scales
+    (Recipe.fp8_weight_cache "packed") made FP8 here, for this call. None when there is no
+    cache, or inside probe_alphas(), which records the weight's operands as it quantizes them."""
     if not weight_q or PROBE is not None:
-        return None, None
-    return (weight_q[0], weight_q[1]), (weight_q[2], weight_q[3])
+        return None
+    i = 0 if gemm == "fprop" else 2
+    values, scale = weight_q[i], weight_q[i + 1]
+    if values.dtype != torch.uint8:
+        return values, scale
+    fmt, _, rht = _qparams(getattr(recipe, gemm), recipe, False, weight=True)
+    dim = weight.dim() - (1 if gemm == "fprop" else 2)
+    return fp8_from_packed(QTensor(values, scale, None, fmt, tuple(weight.shape), weight.dtype, dim, rht), E4M3)
 
 def _check_shapes(x, weight, counts):
     """x [T, in] against weight [out, in], or [E, out, in] with counts [E] (the experts)."""
@@ -1351,7 +1368,8 @@ class FP4Linear(_Quantized, nn.Linear):
         # input another op saves anyway (attention's output, which SDPA keeps for its backward),
         # where a packed copy would add memory instead of saving it
         self.pack_x = pack_x
-        # the weight's FP8 operands for Fprop and Dgrad (values, scale each), kept between
+        # the weight's operands for Fprop and Dgrad (FP8 values and scale each, or packed codes
+        # and block scales under the recipe's fp8_weight_cache "packed"), kept between
         # optimizer steps when cache_weight() fills them; None: quantized in every call
         for name in self.CACHE:
             self.register_buffer(name, None, persistent=False)
@@ -1360,10 +1378,12 @@ class FP4Linear(_Quantized, nn.Linear):
     CACHE = ("weight_fprop", "weight_fprop_scale", "weight_dgrad", "weight_dgrad_scale")
 
     def cache_weight(self):
-        """Quantizes the weight for Fprop and Dgrad now, from one read, and keeps both FP8
-        operands (1 byte per weight element each) for every call until the next cache_weight():
-        call it after each change to the weight (cache_weights). Only layers on FP8 GEMMs whose
-        weight rounds to nearest (the same bits in every call) cache; returns whether this one does."""
+        """Quantizes the weight for Fprop and Dgrad now and keeps both operands for every call
+        until the next cache_weight(): as FP8 (1 byte per weight element each, from one read), or
+        packed under the recipe's fp8_weight_cache "packed" (about half a byte; each call makes its
+        FP8 operand from them). Call it after each change to the weight (cache_weights). Only
+        layers on FP8 GEMMs whose weight rounds to nearest (the same bits in every call) cache;
+        returns whether this one does."""
         r = self.recipe
         weight_rtne = not (r.fprop.sr_b or r.dgrad.sr_b)
         if not (_uses_fp8(r, None, self.weight.device) and weight_rtne):
@@ -1371,10 +1391,17 @@ class FP4Linear(_Quantized, nn.Linear):
                 setattr(self, name, None)
             return False
         op = _operands(r, torch.zeros(6, dtype=torch.int64))
+        w = self.weight.detach()
         with torch.no_grad():
-            (wf, sf), (wd, sd) = _quantize_operand_pair(self.weight.detach(), op.fprop_w, op.dgrad_w,
-                                                        r, torch.float32, self.tag, fp8=(E4M3, E4M3))
-        for name, t in zip(self.CACHE, (wf, sf, wd, sd)):
+            if r.fp8_weight_cache == "packed":
+                qf, qd = (_quantize_operand(w, o, r, dim, torch.float32, self.tag, packed=True)
+                          for o, dim in ((op.fprop_w, -1), (op.dgrad_w, -2)))
+                cached = qf.codes, qf.scales, qd.codes, qd.scales
+            else:
+                (wf, sf), (wd, sd) = _quantize_operand_pair(w, op.fprop_w, op.dgrad_w, r, torch.float32,
+                                                            self.tag, fp8=(E4M3, E4M3))
+                cached = wf, sf, wd, sd
+        for name, t in zip(self.CACHE, cached):
             old = getattr(self, name)
             if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.stride() == t.stride():
                 old.copy_(t)  # in place: a CUDA graph that read the old one reads this one

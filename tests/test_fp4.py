@@ -537,6 +537,7 @@ def test_recipe_fields_take_their_own_types():
 
 @pytest.mark.parametrize("field, bad, match", [("fp8_wgrad_x", "e4m3", "'packed'"), ("rht_size", 24, "rht_size"),
                                                ("fp8_x_scale", "e5m2", "'amax'"),
+                                               ("fp8_weight_cache", "e4m3", "'packed'"),
                                                ("fp8_fast_accum", ("forward",), "names GEMMs")])
 def test_recipe_checks_its_fields_when_built_directly(field, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -1357,6 +1358,35 @@ def test_cache_weights_equals_quantizing_per_call():
     lin.recipe = "ufp4"
     assert fp4.cache_weights(lin) == 0 and lin.weight_fprop is None and lin(x).shape == (64, 128)
     assert "weight_fprop" not in lin.state_dict()
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
+def test_packed_weight_cache_gives_the_same_layer(name, monkeypatch):
+    """Recipe fp8_weight_cache='packed': cache_weights keeps W's two operands as packed codes and
+    block scales (about half the bytes of the FP8 cache) and every call makes its FP8 operand
+    from them, y, dx and dW equal to the FP8 cache's bit for bit (mxint4's W under the RHT); a
+    forward alone converts Fprop's alone; an error without fp8_gemm."""
+    outs, conversions = [], _count_fp8_from_packed(monkeypatch)
+    for cache in ("fp8", "packed"):
+        torch.manual_seed(2)
+        lin = fp4.FP4Linear(96, 128, bias=False,
+                            recipe=fp4.make_recipe(name, fp8_gemm=True, fp8_weight_cache=cache))
+        assert fp4.cache_weights(lin) == 1
+        x = torch.randn(64, 96, requires_grad=True)
+        conversions.clear()
+        y = lin(x)
+        y.backward(torch.randn_like(y))
+        outs.append((y.detach(), x.grad, lin.weight.grad.clone(), len(conversions)))
+    assert all(torch.equal(u, v) for u, v in zip(outs[0][:3], outs[1][:3]))
+    assert outs[1][3] == outs[0][3] + 2  # Fprop's and Dgrad's W, beside Wgrad's x in both
+    assert lin.weight_fprop.dtype == torch.uint8 and lin.weight_fprop.shape == (128, 48)
+    assert lin.weight_dgrad.shape == (96, 64) and lin.weight_dgrad_scale.shape == (96, 128 // 32)
+    conversions.clear()
+    with torch.no_grad():
+        lin(torch.randn(64, 96))
+    assert len(conversions) == 1  # Fprop's W alone: Dgrad's is made in backward, where needed
+    with pytest.raises(ValueError, match="add fp8_gemm=True"):
+        fp4.make_recipe(name, fp8_weight_cache="packed")
 
 
 def test_weight_cache_refreshes_like_cache_weights():

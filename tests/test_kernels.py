@@ -1223,6 +1223,28 @@ def test_fp8_layer_through_kernels_keeps_x_packed(monkeypatch, wgrad_x):
             assert_same(a, b, f"{tokens} tokens {nm}")
 
 
+def test_packed_weight_cache_through_kernels(monkeypatch):
+    """fp8_weight_cache='packed': the weight's cached codes and scales made FP8 by the dequantize
+    kernel in each call give the reference's FP8 cache's y, dx, dW bit for bit (dy rounded to
+    nearest: the kernels' SR draws differ from the reference's)."""
+    outs = []
+    for cache, through_kernels in (("fp8", False), ("packed", True)):
+        torch.manual_seed(3)
+        recipe = fp4.make_recipe("mxfp4", fp8_gemm=True, sr_dy=False, fp8_weight_cache=cache)
+        lin = fp4.FP4Linear(64, 32, bias=False, recipe=recipe)
+        x = torch.randn(40, 64, requires_grad=True)
+        with monkeypatch.context() as m:
+            if through_kernels:
+                m.setattr(fp4, "kernels_for", lambda t: kernels)
+            assert fp4.cache_weights(lin) == 1
+            y = lin(x)
+            y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(4)))
+        assert lin.weight_dgrad.dtype == (torch.uint8 if cache == "packed" else fp4.E4M3)
+        outs.append((y.detach(), x.grad, lin.weight.grad))
+    for a, b, nm in zip(*outs, ("y", "dx", "dW")):
+        assert_same(a, b, nm)
+
+
 def test_fp8_unit_x_scale_gives_the_same_layer_without_x_amax(monkeypatch):
     """fp8_x_scale='unit': Fprop's x in e5m2 at scale 1 needs no amax pass (one flat amax launch
     fewer per layer call: the weight's and dy's stay), and gives the same y, dx, dW bit for bit as

@@ -446,24 +446,26 @@ def fp8_layer(sz, recipe_name, fast="none"):
 
 
 def fp8_cached_weight(sz, recipe_name):
-    """fp4.cache_weights (both of W's FP8 operands from one read of the fp32 weight, kept)
-    == W quantized in each call: y, dx, dW bit for bit, SR on dy, two calls."""
+    """fp4.cache_weights (both of W's FP8 operands from one read of the fp32 weight, kept; or
+    kept packed, fp8_weight_cache="packed", and made FP8 in each call) == W quantized in each
+    call: y, dx, dW bit for bit, SR on dy, two calls."""
     T, IN, OUT = sz.cached
     outs = []
-    for cache in (False, True):
+    for cache in (None, "fp8", "packed"):
         torch.manual_seed(0)
-        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=fp4.make_recipe(recipe_name, fp8_gemm=True),
-                            device=DEV)
-        assert fp4.cache_weights(lin) == cache or not cache
+        recipe = fp4.make_recipe(recipe_name, fp8_gemm=True, fp8_weight_cache=cache)
+        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
+        assert fp4.cache_weights(lin) == 1 if cache else lin.weight_fprop is None
         for call in range(2):
             xi = (randn(T, IN, seed=10 + call, dtype=torch.float32) * 0.01).requires_grad_(True)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 y = lin(xi)
             y.backward(randn(T, OUT, seed=12 + call).to(y.dtype))
             outs.append((y.detach(), xi.grad, lin.weight.grad.clone()))
-    for i, (a, b) in enumerate(zip(outs[:2], outs[2:])):
-        for nm, u, v in zip(("y", "dx", "dW"), a, b):
-            same(u, v, f"{recipe_name} call {i} {nm}")
+    for form, cached in (("fp8", outs[2:4]), ("packed", outs[4:])):
+        for i, (a, b) in enumerate(zip(outs[:2], cached)):
+            for nm, u, v in zip(("y", "dx", "dW"), a, b):
+                same(u, v, f"{recipe_name} {form} cache, call {i} {nm}")
 
 
 def _fp8_layer_forms(sz, recipe_name, field, forms, x, saved=None):
@@ -685,7 +687,7 @@ def run_all(sz):
     check("FP4Linear mxint4 on FP8 GEMMs, all in fast accumulation == on bf16 GEMMs (to bf16 rounding)",
           lambda: fp8_layer(sz, "mxint4", "all"))
     for rn in ("mxfp4", "mxint4"):
-        check(f"FP4Linear {rn} on FP8 GEMMs: cached weight == quantized per call (bit for bit)",
+        check(f"FP4Linear {rn} on FP8 GEMMs: cached weight, FP8 and packed == quantized per call (bit for bit)",
               lambda: fp8_cached_weight(sz, rn))
     check("FP4Linear mxint4 on FP8 GEMMs: Wgrad's x kept as FP8 == kept packed (bit for bit, SR)",
           lambda: fp8_wgrad_x_kept(sz, "mxint4"))
