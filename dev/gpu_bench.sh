@@ -19,6 +19,9 @@
 #   fp8_combo_moe_wide  the same combination for the MoE (mxfp4 at unit scale with all three
 #            GEMMs in fast accumulation, and ufp4) and for the wide 24 x 2048 model (mxfp4 at unit
 #            scale) against bf16 (198 + 190 s on a warm H200)
+#   fp8_weight_cache  the GPU check of the cached weight (FP8 and packed, recipe_fp8_weight_cache),
+#            then the wide 24 x 2048 model's bf16 and mxfp4 at unit scale with its weights cached as
+#            FP8 (the default) and packed (356 s on a fresh H100)
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
 #            and in chunks (the default), and bf16 in chunks of 2048
@@ -65,7 +68,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|fp8_weight_cache|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -135,6 +138,12 @@ fp8_combo_moe_wide)
         --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all,ufp4
     one fp8_gemm_combo_wide 280 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U ;;
+fp8_weight_cache)
+    timeout 100 python3 tests/gpu/check_kernels.py --quick --only="cached weight" > "$OUT/check_cached.log" 2>&1
+    grep -h "^ok \|FAIL\|checks passed" "$OUT/check_cached.log"
+    U=recipe_fp8_x_scale=unit
+    one fp8_weight_cache_wide 340 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F+$U,mxfp4+$F+$U+recipe_fp8_weight_cache=packed ;;
 loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1
     tail -4 "$OUT/check_loss.log"
@@ -225,6 +234,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, fp8_weight_cache, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
