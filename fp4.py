@@ -907,19 +907,19 @@ def _fp8_spec(fp8):
     amax) or a (dtype, scale) pair such as FP8_UNIT_X."""
     return tuple(fp8) if isinstance(fp8, tuple) else (fp8, None)
 
-def _quantize_operand_pair(t, row, col, recipe, dtype, tag, packed_col=False, fp8=None):
-    """_quantize_operand(t, row) along dim -1 and _quantize_operand(t, col) along dim 0 (packed
-    where packed_col; fp8: None, or the (row, col) FP8 requests as _quantize_operand takes them,
+def _quantize_operand_pair(t, row, col, recipe, dtype, tag, packed=(False, False), fp8=None):
+    """_quantize_operand(t, row) along dim -1 and _quantize_operand(t, col) along dim 0 (packed:
+    per side (row, col); fp8: None, or the (row, col) FP8 requests as _quantize_operand takes them,
     None for a side not in FP8): on the Triton path from one read of t (kernels.quantize_both, the
     same bits as two calls) when both sides quantize; else two calls."""
     f8r, f8c = fp8 or (None, None)
     if row.gemm.fmt and col.gemm.fmt and PROBE is None and kernels_for(t):
         (fr, rr, hr), (fc, rc, hc) = (_qparams(o.gemm, recipe, o.sr, o.weight) for o in (row, col))
         (d_row, s_row), (d_col, s_col) = _fp8_spec(f8r), _fp8_spec(f8c)
-        return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, (False, packed_col), dtype,
+        return quantize_both(t, fr, fc, rr, rc, hr, hc, row.seed, col.seed, tuple(packed), dtype,
                              (d_row, d_col), (s_row, s_col))
-    return (_quantize_operand(t, row, recipe, -1, dtype, tag, fp8=f8r),
-            _quantize_operand(t, col, recipe, 0, dtype, tag, packed=packed_col, fp8=f8c))
+    return (_quantize_operand(t, row, recipe, -1, dtype, tag, packed=packed[0], fp8=f8r),
+            _quantize_operand(t, col, recipe, 0, dtype, tag, packed=packed[1], fp8=f8c))
 
 def _mm_fp32(a, b):
     """a @ b with an fp32 result: bf16 operands accumulate in fp32 and stay fp32 on CUDA."""
@@ -1099,7 +1099,7 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq
     xw_fp8 = E4M3 if _wgrad_x_fp8(recipe, fp8) else None
     if packs and _unpadded(x, counts, recipe, dtype, aligned):
         xq, xw = _quantize_operand_pair(x, op.fprop_x, op.wgrad_x, recipe, dtype, tag,
-                                        packed_col=not xw_fp8, fp8=(x8, xw_fp8))
+                                        packed=(False, not xw_fp8), fp8=(x8, xw_fp8))
     else:
         xq = _quantize_operand(x, op.fprop_x, recipe, -1, dtype, tag, fp8=x8)
         if packs:
@@ -1391,16 +1391,12 @@ class FP4Linear(_Quantized, nn.Linear):
                 setattr(self, name, None)
             return False
         op = _operands(r, torch.zeros(6, dtype=torch.int64))
-        w = self.weight.detach()
-        with torch.no_grad():
-            if r.fp8_weight_cache == "packed":
-                qf, qd = (_quantize_operand(w, o, r, dim, torch.float32, self.tag, packed=True)
-                          for o, dim in ((op.fprop_w, -1), (op.dgrad_w, -2)))
-                cached = qf.codes, qf.scales, qd.codes, qd.scales
-            else:
-                (wf, sf), (wd, sd) = _quantize_operand_pair(w, op.fprop_w, op.dgrad_w, r, torch.float32,
-                                                            self.tag, fp8=(E4M3, E4M3))
-                cached = wf, sf, wd, sd
+        packed = r.fp8_weight_cache == "packed"
+        with torch.no_grad():  # both orientations from one read
+            qf, qd = _quantize_operand_pair(self.weight.detach(), op.fprop_w, op.dgrad_w, r, torch.float32,
+                                            self.tag, packed=(packed, packed),
+                                            fp8=None if packed else (E4M3, E4M3))
+        cached = (qf.codes, qf.scales, qd.codes, qd.scales) if packed else (*qf, *qd)
         for name, t in zip(self.CACHE, cached):
             old = getattr(self, name)
             if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.stride() == t.stride():

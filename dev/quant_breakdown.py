@@ -160,7 +160,7 @@ def bf16_calls(r, seeds, x, dy, w, keeps):
     qx = q(x, op.wgrad_x, 0, packed=True)
     return [("fprop x (row)", x, lambda: q(x, op.fprop_x, -1), 2 + 2, keeps),
             ("wgrad x (col, packed)", x, lambda: q(x, op.wgrad_x, 0, packed=True), 2 + packed_x, False),
-            ("x row + col packed, one kernel", x, lambda: pair(x, op.fprop_x, op.wgrad_x, packed_col=True),
+            ("x row + col packed, one kernel", x, lambda: pair(x, op.fprop_x, op.wgrad_x, packed=(False, True)),
              2 + 2 + packed_x, not keeps),
             ("wgrad x (col, fake, in backward)", x, lambda: q(x, op.wgrad_x, 0), 2 + 2, keeps),
             ("fprop W (row, fp32)", w, lambda: q(w, op.fprop_w, -1), 4 + 2, True),
@@ -185,7 +185,7 @@ def fp8_calls(r, seeds, x, dy, w, keeps, accum, cached_w=True):
              ("dy: the tensor amax alone", dy, lambda: kernels._flat_amax(dy), 2, False),
              ("fprop x (row FP8)", x, lambda: q(x, op.fprop_x, -1, fp8=x8), x_amax + 2 + 1, keeps),
              ("x row FP8 + col packed, one kernel", x,
-              lambda: pair(x, op.fprop_x, op.wgrad_x, packed_col=True, fp8=(x8, None)),
+              lambda: pair(x, op.fprop_x, op.wgrad_x, packed=(False, True), fp8=(x8, None)),
               x_amax + 2 + 1 + packed_x, not keeps),
              ("wgrad x (col FP8, in backward)", x, lambda: q(x, op.wgrad_x, 0, fp8=e4), 2 + 2 + 1, keeps),
              # the largest block scale first (the scales read twice), then the values
