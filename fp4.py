@@ -603,23 +603,29 @@ def check_fp8_given_scale(scale):
         raise ValueError(f"an FP8 decode scale must be None (from the tensor's amax) or a power of "
                          f"two from 2^{FP8_MIN_EXP} to 2^{-FP8_MIN_EXP}, got {scale!r}")
 
-def fp8_from_packed(q, fp8=E4M3):
+def fp8_from_packed(q, fp8=E4M3, top=None):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
     them: values of q's shape with its blocked dim contiguous. values.float() * scale equals
     dequantize(q) bit for bit except in blocks more than the FP8 window below q's largest block
     (fp8_inexact_blocks). The decode scale is the one that largest block needs (to_fp8's, when no
-    RHT was applied). So an operand can wait for its FP8 GEMM packed: half a byte an element."""
+    RHT was applied). So an operand can wait for its FP8 GEMM packed: half a byte an element.
+    top: largest_block_scale(q) where the caller kept it (the packed weight cache), so no pass
+    over the block scales looks for it."""
     check_qtensor(q)
     check_fp8(q.fmt, fp8)
     kernels = kernels_for(q.codes)
     if kernels:
-        return kernels.fp8_from_packed(q, fp8)
-    scales = q.scales.float()
-    top = scales.amax() if scales.numel() else scales.new_zeros(())
+        return kernels.fp8_from_packed(q, fp8, top)
+    top = largest_block_scale(q) if top is None else top
     scale = torch.where(top.isnan(), float("nan"), _fp8_scale_above(top, fp8))
     # dequantize divides by the tensor scale: dividing by the decode scale gives the FP8 values
     values = dequantize(in_codes_layout(q, tensor_scale=scale), fp8)
     return values.movedim(-1, q.dim), scale
+
+def largest_block_scale(q):
+    """q's largest block scale as a 0-dim fp32 tensor (NaN if a block is NaN; 0 for no blocks)."""
+    scales = q.scales.float()
+    return scales.amax() if scales.numel() else scales.new_zeros(())
 
 def in_codes_layout(q, tensor_scale=None):
     """q as a QTensor of the shape its codes are laid out in (the blocked dim moved last), so
@@ -1276,8 +1282,9 @@ def compute_dtype(x):
 def _cached_operand(weight_q, gemm, recipe, weight):
     """Fprop's (gemm "fprop") or Dgrad's ("dgrad") Q(W) as FP8 (values, scale) from the cache
     [Fprop's values, scale, Dgrad's values, scale]: FP8 as kept, or packed codes and block scales
-    (Recipe.fp8_weight_cache "packed") made FP8 here, for this call. None when there is no
-    cache, or inside probe_alphas(), which records the weight's operands as it quantizes them."""
+    (Recipe.fp8_weight_cache "packed", followed by Fprop's and Dgrad's largest block scales) made
+    FP8 here, for this call. None when there is no cache, or inside probe_alphas(), which records
+    the weight's operands as it quantizes them."""
     if not weight_q or PROBE is not None:
         return None
     i = 0 if gemm == "fprop" else 2
@@ -1286,7 +1293,8 @@ def _cached_operand(weight_q, gemm, recipe, weight):
         return values, scale
     fmt, _, rht = _qparams(getattr(recipe, gemm), recipe, False, weight=True)
     dim = weight.dim() - (1 if gemm == "fprop" else 2)
-    return fp8_from_packed(QTensor(values, scale, None, fmt, tuple(weight.shape), weight.dtype, dim, rht), E4M3)
+    q = QTensor(values, scale, None, fmt, tuple(weight.shape), weight.dtype, dim, rht)
+    return fp8_from_packed(q, E4M3, top=weight_q[4 + i // 2])
 
 def _check_shapes(x, weight, counts):
     """x [T, in] against weight [out, in], or [E, out, in] with counts [E] (the experts)."""
@@ -1369,13 +1377,15 @@ class FP4Linear(_Quantized, nn.Linear):
         # where a packed copy would add memory instead of saving it
         self.pack_x = pack_x
         # the weight's operands for Fprop and Dgrad (FP8 values and scale each, or packed codes
-        # and block scales under the recipe's fp8_weight_cache "packed"), kept between
-        # optimizer steps when cache_weight() fills them; None: quantized in every call
-        for name in self.CACHE:
+        # and block scales under the recipe's fp8_weight_cache "packed", with each one's largest
+        # block scale: no pass over the scales per call), kept between optimizer steps when
+        # cache_weight() fills them; None: quantized in every call
+        for name in self.CACHE + self.CACHE_TOPS:
             self.register_buffer(name, None, persistent=False)
         self._cached_for = None  # _cache_key() of the cached operands
 
     CACHE = ("weight_fprop", "weight_fprop_scale", "weight_dgrad", "weight_dgrad_scale")
+    CACHE_TOPS = ("weight_fprop_top", "weight_dgrad_top")  # packed only
 
     def cache_weight(self):
         """Quantizes the weight for Fprop and Dgrad now and keeps both operands for every call
@@ -1387,17 +1397,20 @@ class FP4Linear(_Quantized, nn.Linear):
         r = self.recipe
         weight_rtne = not (r.fprop.sr_b or r.dgrad.sr_b)
         if not (_uses_fp8(r, None, self.weight.device) and weight_rtne):
-            for name in self.CACHE:
+            for name in self.CACHE + self.CACHE_TOPS:
                 setattr(self, name, None)
             return False
-        op = _operands(r, torch.zeros(6, dtype=torch.int64))
         packed = r.fp8_weight_cache == "packed"
+        if not packed:
+            self.weight_fprop_top = self.weight_dgrad_top = None
+        op = _operands(r, torch.zeros(6, dtype=torch.int64))
         with torch.no_grad():  # both orientations from one read
             qf, qd = _quantize_operand_pair(self.weight.detach(), op.fprop_w, op.dgrad_w, r, torch.float32,
                                             self.tag, packed=(packed, packed),
                                             fp8=None if packed else (E4M3, E4M3))
-        cached = (qf.codes, qf.scales, qd.codes, qd.scales) if packed else (*qf, *qd)
-        for name, t in zip(self.CACHE, cached):
+            cached = ((qf.codes, qf.scales, qd.codes, qd.scales, largest_block_scale(qf),
+                       largest_block_scale(qd)) if packed else (*qf, *qd))
+        for name, t in zip(self.CACHE + self.CACHE_TOPS, cached):
             old = getattr(self, name)
             if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.stride() == t.stride():
                 old.copy_(t)  # in place: a CUDA graph that read the old one reads this one
@@ -1421,7 +1434,8 @@ class FP4Linear(_Quantized, nn.Linear):
         if not torch.compiler.is_compiling() and self._cache_key() != self._cached_for:
             raise RuntimeError(f"{self.tag or 'FP4Linear'}: the weight or recipe changed after "
                                f"cache_weight(); call fp4.cache_weights(model) after every change")
-        return [getattr(self, name) for name in self.CACHE]
+        kept = [getattr(self, name) for name in self.CACHE + self.CACHE_TOPS]
+        return [t for t in kept if t is not None]
 
     def forward(self, x):
         if not self.recipe.quantized:

@@ -13,7 +13,7 @@ available, backend not 'torch'); this file imports fp4.py, which imports it back
   quantize_both(x, fmt, ...)                           -> a 2D tensor's row-wise and column-wise
                                                           results from one read of it
   dequantize(q, dtype)                                 -> tensor in the original layout
-  fp8_from_packed(q, fp8)                              -> a packed operand with e8m0 scales as
+  fp8_from_packed(q, fp8, top)                         -> a packed operand with e8m0 scales as
                                                           (FP8 values, power-of-two tensor scale)
   fp4_matmul(qa, qb, dtype)                            -> a @ b^T from packed operands
   fp8_grouped_mm(a, b, offs, out_dtype, fast)          -> per-expert products of FP8 operands
@@ -1487,13 +1487,14 @@ def dequantize(q, dtype=None):
     return _dequantize(q, dtype)
 
 
-def fp8_from_packed(q, fp8=fp4.E4M3):
-    """fp4.fp8_from_packed: one pass over the block scales for the largest (_flat_amax), then
-    the dequantize kernel writes the FP8 values and the scale (two launches: this runs once per
-    layer in every backward, where a chain of small torch ops cost more than the conversion)."""
+def fp8_from_packed(q, fp8=fp4.E4M3, top=None):
+    """fp4.fp8_from_packed: one pass over the block scales for the largest (_flat_amax) unless
+    top gives it, then the dequantize kernel writes the FP8 values and the scale (two launches:
+    this runs once per layer in every backward, where a chain of small torch ops cost more than
+    the conversion)."""
     fp4.check_qtensor(q)
     fp4.check_fp8(q.fmt, fp8)
-    top = _flat_amax(_kernel_scales(q))
+    top = _flat_amax(_kernel_scales(q)) if top is None else top.float().reshape(1).view(torch.int32)
     scale = torch.empty((), device=q.codes.device, dtype=torch.float32)  # the dequantize kernel writes it
     if not q.scales.numel():
         scale.fill_(1.0)  # an empty tensor: no program runs to write it

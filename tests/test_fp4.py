@@ -1178,6 +1178,8 @@ def test_fp8_from_packed_is_the_packed_operand_times_a_power_of_two(name, fp8, d
     rv, rs = fp4.to_fp8(x, name, dim=dim, rht=rht, fp8=fp8)
     assert v.dtype == fp8 and v.shape == x.shape and v.stride() == rv.stride()
     assert torch.equal(v.float() * s, fp4.dequantize(q, torch.float32))
+    given = fp4.fp8_from_packed(q, fp8, top=fp4.largest_block_scale(q))
+    assert torch.equal(given[0].float(), v.float()) and torch.equal(given[1], s)
     if rht is None:
         assert torch.equal(v.float(), rv.float()) and torch.equal(s, rs)
     else:
@@ -1363,9 +1365,10 @@ def test_cache_weights_equals_quantizing_per_call():
 @pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
 def test_packed_weight_cache_gives_the_same_layer(name, monkeypatch):
     """Recipe fp8_weight_cache='packed': cache_weights keeps W's two operands as packed codes and
-    block scales (about half the bytes of the FP8 cache) and every call makes its FP8 operand
-    from them, y, dx and dW equal to the FP8 cache's bit for bit (mxint4's W under the RHT); a
-    forward alone converts Fprop's alone; an error without fp8_gemm."""
+    block scales (about half the bytes of the FP8 cache), with each one's largest block scale,
+    and every call makes its FP8 operand from them, y, dx and dW equal to the FP8 cache's bit for
+    bit (mxint4's W under the RHT); a forward alone converts Fprop's alone; the FP8 cache drops
+    the largest scales; an error without fp8_gemm."""
     outs, conversions = [], _count_fp8_from_packed(monkeypatch)
     for cache in ("fp8", "packed"):
         torch.manual_seed(2)
@@ -1381,10 +1384,15 @@ def test_packed_weight_cache_gives_the_same_layer(name, monkeypatch):
     assert outs[1][3] == outs[0][3] + 2  # Fprop's and Dgrad's W, beside Wgrad's x in both
     assert lin.weight_fprop.dtype == torch.uint8 and lin.weight_fprop.shape == (128, 48)
     assert lin.weight_dgrad.shape == (96, 64) and lin.weight_dgrad_scale.shape == (96, 128 // 32)
+    for side in ("fprop", "dgrad"):  # each orientation's own largest block scale, kept for its calls
+        top, scales = getattr(lin, f"weight_{side}_top"), getattr(lin, f"weight_{side}_scale")
+        assert top.dtype == torch.float32 and top.shape == () and top == scales.float().amax()
     conversions.clear()
     with torch.no_grad():
         lin(torch.randn(64, 96))
     assert len(conversions) == 1  # Fprop's W alone: Dgrad's is made in backward, where needed
+    lin.recipe = fp4.make_recipe(name, fp8_gemm=True)
+    assert fp4.cache_weights(lin) == 1 and lin.weight_fprop_top is None and len(lin._weight_q()) == 4
     with pytest.raises(ValueError, match="add fp8_gemm=True"):
         fp4.make_recipe(name, fp8_weight_cache="packed")
 

@@ -1177,9 +1177,9 @@ def test_to_fp8_zero_empty_and_nonfinite_tensors(special):
 @pytest.mark.parametrize("name", ["mxfp4", "mxint4"])
 def test_fp8_from_packed_through_kernels(name, monkeypatch):
     """kernels.fp8_from_packed (the scales' max, then the dequantize kernel writing the FP8 values
-    and the scale): the reference's bits and scale, blocks out of e4m3's window included (rows
-    over 2^-12..2^12, one block 2^-30 below; rows over 2^-150..2^60); zero, empty, NaN and tiny
-    tensors."""
+    and the scale; or with that max given): the reference's bits and scale, blocks out of e4m3's
+    window included (rows over 2^-12..2^12, one block 2^-30 below; rows over 2^-150..2^60);
+    zero, empty, NaN and tiny tensors."""
     x = torch.randn(64, 96) * torch.exp2(torch.randint(-12, 12, (64, 1)).float())
     x[:32, 7] *= 2.0 ** -30
     nan = x.clone()
@@ -1198,9 +1198,11 @@ def test_fp8_from_packed_through_kernels(name, monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(fp4, "kernels_for", lambda t: kernels)
             got = fp4.fp8_from_packed(q, fp8)
-        assert got[0].stride() == want[0].stride() and got[0].dtype == fp8
-        assert torch.equal(bits(got[0]), bits(want[0])), f"{name} dim={dim} values"  # NaN bytes too
-        assert torch.equal(bits(got[1]), bits(want[1])), f"{name} dim={dim} scale"
+            given = fp4.fp8_from_packed(q, fp8, top=fp4.largest_block_scale(q))  # (no pass for it)
+        for g, how in ((got, ""), (given, " (largest scale given)")):
+            assert g[0].stride() == want[0].stride() and g[0].dtype == fp8
+            assert torch.equal(bits(g[0]), bits(want[0])), f"{name} dim={dim} values{how}"  # NaN bytes too
+            assert torch.equal(bits(g[1]), bits(want[1])), f"{name} dim={dim} scale{how}"
 
 
 @pytest.mark.parametrize("wgrad_x", ["packed", "fp8"])
@@ -1226,9 +1228,13 @@ def test_fp8_layer_through_kernels_keeps_x_packed(monkeypatch, wgrad_x):
 def test_packed_weight_cache_through_kernels(monkeypatch):
     """fp8_weight_cache='packed': the weight's cached codes and scales made FP8 by the dequantize
     kernel in each call give the reference's FP8 cache's y, dx, dW bit for bit (dy rounded to
-    nearest: the kernels' SR draws differ from the reference's)."""
-    outs = []
-    for cache, through_kernels in (("fp8", False), ("packed", True)):
+    nearest: the kernels' SR draws differ from the reference's), with the cached largest block
+    scales: no pass over the weight's scales in a call (the flat amax launches of the FP8 cache:
+    dy's and Wgrad's packed x's)."""
+    outs, launches = [], []
+    real = kernels._flat_amax
+    monkeypatch.setattr(kernels, "_flat_amax", lambda *a, **k: launches.append(1) or real(*a, **k))
+    for cache, through_kernels in (("fp8", True), ("packed", True), ("fp8", False)):
         torch.manual_seed(3)
         recipe = fp4.make_recipe("mxfp4", fp8_gemm=True, sr_dy=False, fp8_weight_cache=cache)
         lin = fp4.FP4Linear(64, 32, bias=False, recipe=recipe)
@@ -1237,12 +1243,15 @@ def test_packed_weight_cache_through_kernels(monkeypatch):
             if through_kernels:
                 m.setattr(fp4, "kernels_for", lambda t: kernels)
             assert fp4.cache_weights(lin) == 1
+            launches.clear()
             y = lin(x)
             y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(4)))
         assert lin.weight_dgrad.dtype == (torch.uint8 if cache == "packed" else fp4.E4M3)
-        outs.append((y.detach(), x.grad, lin.weight.grad))
-    for a, b, nm in zip(*outs, ("y", "dx", "dW")):
-        assert_same(a, b, nm)
+        outs.append((y.detach(), x.grad, lin.weight.grad, len(launches)))
+    assert outs[0][3] == outs[1][3] > 0
+    for ref in (outs[0], outs[2]):  # the packed cache on the kernels against the FP8 cache on both
+        for a, b, nm in zip(outs[1][:3], ref[:3], ("y", "dx", "dW")):
+            assert_same(a, b, nm)
 
 
 def test_fp8_unit_x_scale_gives_the_same_layer_without_x_amax(monkeypatch):
