@@ -691,9 +691,6 @@ class Recipe:
     fp8_weight_cache: str = "fp8"  # how FP4Linear.cache_weight keeps W's two operands between optimizer
                                    # steps: "fp8" (a byte an element each) or "packed" (about half: made
                                    # FP8 in every call, fp8_from_packed; less memory, a little slower)
-    fp8_dy_exp: typing.Optional[int] = None  # dy on FP8 GEMMs: None (e5m2 scaled by dy's amax, a pass
-                                   # over dy) or E (e5m2 at the fixed decode scale 2^E: no pass; an
-                                   # absolute window, a block above it NaN: a skipped step)
 
     def __post_init__(self):  # a Recipe built directly (not by make_recipe) is checked too
         _check_types(self, Gemm, *GEMMS)
@@ -709,11 +706,6 @@ class Recipe:
         if self.fp8_weight_cache not in ("fp8", "packed"):
             raise ValueError(f"fp8_weight_cache must be 'fp8' (e4m3) or 'packed' (4-bit codes + scales), "
                              f"got {self.fp8_weight_cache!r}")
-        if self.fp8_dy_exp is not None:
-            _check_types(self, int, "fp8_dy_exp")
-            if not FP8_MIN_EXP <= self.fp8_dy_exp <= -FP8_MIN_EXP:
-                raise ValueError(f"fp8_dy_exp must be None (dy scaled by its amax) or an int from "
-                                 f"{FP8_MIN_EXP} to {-FP8_MIN_EXP}, got {self.fp8_dy_exp}")
         if self.fp8_x_scale not in ("amax", "unit"):
             raise ValueError(f"fp8_x_scale must be 'amax' (e4m3 scaled by x's amax) or 'unit' (e5m2 "
                              f"at scale 1), got {self.fp8_x_scale!r}")
@@ -761,7 +753,7 @@ def _gemm_names(value, key):
 
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
                 bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None, fp8_wgrad_x=None,
-                fp8_x_scale=None, fp8_weight_cache=None, fp8_dy_exp=None):
+                fp8_x_scale=None, fp8_weight_cache=None):
     """A preset, with ablation overrides (None keeps the preset's choice):
     fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
     list of GEMMs ('fprop,wgrad' or 'fprop/wgrad'); sr_dy: stochastic rounding on dy in Dgrad
@@ -769,8 +761,7 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     fp8_fast_accum: the FP8 GEMMs that accumulate in fast mode, a list as for rht; fp8_wgrad_x:
     'packed' or 'fp8', how an FP8-GEMM layer keeps Wgrad's x from forward to backward;
     fp8_x_scale: 'amax' or 'unit', how it scales Fprop's x (Recipe.fp8_x_scale); fp8_weight_cache:
-    'fp8' or 'packed', how it keeps its cached weight operands (Recipe.fp8_weight_cache);
-    fp8_dy_exp: dy's fixed FP8 decode scale 2^E instead of one from its amax (Recipe.fp8_dy_exp)."""
+    'fp8' or 'packed', how it keeps its cached weight operands (Recipe.fp8_weight_cache)."""
     if isinstance(name, Recipe):
         r = name
     elif name in RECIPES:
@@ -799,7 +790,7 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
                      bf16_last=bf16_last, fp8_gemm=fp8_gemm, fp8_fast_accum=fast,
                      fp8_wgrad_x=fp8_wgrad_x, fp8_x_scale=fp8_x_scale,
-                     fp8_weight_cache=fp8_weight_cache, fp8_dy_exp=fp8_dy_exp).items():
+                     fp8_weight_cache=fp8_weight_cache).items():
         if v is not None:
             changes[k] = v
     if bf16_last is not None:
@@ -818,8 +809,7 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     for key, value, asks_fp8 in (("fp8_fast_accum", fp8_fast_accum, fast),
                                  ("fp8_wgrad_x", fp8_wgrad_x, fp8_wgrad_x == "fp8"),
                                  ("fp8_x_scale", fp8_x_scale, fp8_x_scale == "unit"),
-                                 ("fp8_weight_cache", fp8_weight_cache, fp8_weight_cache == "packed"),
-                                 ("fp8_dy_exp", fp8_dy_exp, fp8_dy_exp is not None)):
+                                 ("fp8_weight_cache", fp8_weight_cache, fp8_weight_cache == "packed")):
         if asks_fp8 and not out.fp8_gemm:
             raise ValueError(f"{key}={value!r} only changes FP8 GEMMs: add fp8_gemm=True "
                              f"(recipe_fp8_gemm), or leave {key} out")
@@ -1129,12 +1119,9 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out (bf16-rounded for experts on CUDA's bf16 grouped GEMM). x_or_q: x, or
     Wgrad's Q(x) as forward saved it. On FP8 GEMMs (fp8) dy is e5m2 (gradients need its range),
-    W and x e4m3; dy at the fixed scale 2^recipe.fp8_dy_exp where given (no pass over dy for its
-    amax). wq: Dgrad's Q(W) if cached."""
+    W and x e4m3. wq: Dgrad's Q(W) if cached."""
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
-    if fp8 and recipe.fp8_dy_exp is not None:
-        e5 = (E5M2, 2.0 ** recipe.fp8_dy_exp)
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype, aligned):

@@ -1254,23 +1254,19 @@ def test_packed_weight_cache_through_kernels(monkeypatch):
             assert_same(a, b, nm)
 
 
-@pytest.mark.parametrize("key, fixed, passes", [("fp8_x_scale", "unit", (1, 1, 1)),
-                                                ("fp8_dy_exp", -8, (1, 2, 2))])
-def test_fp8_fixed_scale_gives_the_same_layer_without_its_amax(key, fixed, passes, monkeypatch):
-    """fp8_x_scale='unit' (Fprop's x in e5m2 at scale 1) and fp8_dy_exp (dy in e5m2 at scale
-    2^E) need no amax pass over their operand (flat amax launches fewer per layer call: dy's one
-    pair kernel, or its two calls where Wgrad pads it), and give the same y, dx, dW bit for bit as
-    scaling by the amax while the operand's blocks lie in both windows: dense (quantized for both
-    GEMMs by one kernel, or padded for Wgrad) and grouped, on the kernels and on the reference."""
+def test_fp8_unit_x_scale_gives_the_same_layer_without_x_amax(monkeypatch):
+    """fp8_x_scale='unit': Fprop's x in e5m2 at scale 1 needs no amax pass (one flat amax launch
+    fewer per layer call: the weight's and dy's stay), and gives the same y, dx, dW bit for bit as
+    e4m3 scaled by x's amax while x's blocks lie in both windows: dense (x quantized for both GEMMs
+    by one kernel, or padded for Wgrad) and grouped, on the kernels and on the reference."""
     launches = []
     real = kernels._flat_amax
     monkeypatch.setattr(kernels, "_flat_amax", lambda *a, **k: launches.append(1) or real(*a, **k))
-    cases = ((None, 64), (None, 40), (torch.tensor([7, 0, 33]), 40))
-    for (counts, tokens), fewer in zip(cases, passes):
+    for counts, tokens in ((None, 64), (None, 40), (torch.tensor([7, 0, 33]), 40)):
         for through_kernels in (False, True):
             out, n = {}, {}
-            for how in (None, fixed):
-                r = fp4.make_recipe("mxint4", fp8_gemm=True, **{key: how})
+            for how in ("amax", "unit"):
+                r = fp4.make_recipe("mxint4", fp8_gemm=True, fp8_x_scale=how)
                 launches.clear()
                 with monkeypatch.context() as m:
                     if through_kernels:
@@ -1278,9 +1274,9 @@ def test_fp8_fixed_scale_gives_the_same_layer_without_its_amax(key, fixed, passe
                     out[how] = _layer_grads(r, counts, tokens)
                 n[how] = len(launches)
             what = f"counts={counts} tokens={tokens} kernels={through_kernels}"
-            for a, b, nm in zip(out[None], out[fixed], ("y", "dx", "dW")):
+            for a, b, nm in zip(out["amax"], out["unit"], ("y", "dx", "dW")):
                 assert_same(a, b, f"{what} {nm}")
-            assert n[fixed] == n[None] - fewer * through_kernels, (what, n)
+            assert n["unit"] == n["amax"] - through_kernels, (what, n)
 
 
 def test_every_launch_has_a_three_dimensional_grid(monkeypatch):
