@@ -610,9 +610,13 @@ def fp8_from_packed(q, fp8=E4M3, top=None):
     (fp8_inexact_blocks). The decode scale is the one that largest block needs (to_fp8's, when no
     RHT was applied). So an operand can wait for its FP8 GEMM packed: half a byte an element.
     top: largest_block_scale(q) where the caller kept it (the packed weight cache), so no pass
-    over the block scales looks for it."""
+    over the block scales looks for it (another value gives another decode scale)."""
     check_qtensor(q)
     check_fp8(q.fmt, fp8)
+    if top is not None and not (isinstance(top, torch.Tensor) and top.numel() == 1
+                                and top.is_floating_point() and top.device == q.codes.device):
+        raise ValueError(f"top must be None or largest_block_scale(q), a one-element float tensor on "
+                         f"the codes' device, got {top!r}")
     kernels = kernels_for(q.codes)
     if kernels:
         return kernels.fp8_from_packed(q, fp8, top)

@@ -1207,6 +1207,8 @@ def test_fp8_from_packed_edges():
     assert fp4.fp8_from_packed(fp4.quantize(x, "mxint4"))[1].isnan()
     with pytest.raises(ValueError, match="power-of-two"):
         fp4.fp8_from_packed(fp4.quantize(x, "ufp4"))
+    with pytest.raises(ValueError, match="largest_block_scale"):
+        fp4.fp8_from_packed(q, top=q.scales.float())  # every block's scale, not the largest
 
 
 def test_fp8_scale_edges():
