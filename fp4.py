@@ -1405,18 +1405,17 @@ class FP4Linear(_Quantized, nn.Linear):
                 setattr(self, name, None)
             return False
         packed = r.fp8_weight_cache == "packed"
-        if not packed:
-            self.weight_fprop_top = self.weight_dgrad_top = None
         op = _operands(r, torch.zeros(6, dtype=torch.int64))
         with torch.no_grad():  # both orientations from one read
             qf, qd = _quantize_operand_pair(self.weight.detach(), op.fprop_w, op.dgrad_w, r, torch.float32,
                                             self.tag, packed=(packed, packed),
                                             fp8=None if packed else (E4M3, E4M3))
-            cached = ((qf.codes, qf.scales, qd.codes, qd.scales, largest_block_scale(qf),
-                       largest_block_scale(qd)) if packed else (*qf, *qd))
-        for name, t in zip(self.CACHE + self.CACHE_TOPS, cached):
+            kept = (qf.codes, qf.scales, qd.codes, qd.scales) if packed else (*qf, *qd)
+            tops = (largest_block_scale(qf), largest_block_scale(qd)) if packed else (None, None)
+        for name, t in zip(self.CACHE + self.CACHE_TOPS, kept + tops):
             old = getattr(self, name)
-            if old is not None and old.dtype == t.dtype and old.shape == t.shape and old.stride() == t.stride():
+            if (t is not None and old is not None and old.dtype == t.dtype and old.shape == t.shape
+                    and old.stride() == t.stride()):
                 old.copy_(t)  # in place: a CUDA graph that read the old one reads this one
             else:
                 setattr(self, name, t)
