@@ -520,20 +520,49 @@ FP8_MIN_EXP = -126  # the decode scale stays a normal fp32 number
 # for block scales up to 2^13 and down to e5m2's subnormals (2^-16 per grid step: block maxima
 # from about 6e-5 to just under 2^16); a block above is NaN (a non-finite loss, never clipped)
 FP8_UNIT_X = (E5M2, 1.0)
+# dy under Recipe.fp8_dy_scale "step": its FP8 scale comes from one pass over the first micro-step's
+# dy after each optimizer step (a step state, new_step_state), with this many binades of room above
+# it for the larger values of the step's later micro-steps; a block past that room is NaN (a skipped
+# step, never clipped), and the window's bottom rises by as much (docs/formats.md)
+FP8_STEP_ROOM = 2
 
 def fp8_bound(rht):
     """log2 of the bound on how much a size-rht RHT can grow an element: each output is a signed sum of
     rht inputs over sqrt(rht), at most sqrt(rht) max |x|, rounded up to a power of two."""
     return math.ceil(math.log2(rht) / 2) if rht else 0
 
-def fp8_scale(amax, fmt, fp8, rht=None):
+def fp8_scale(amax, fmt, fp8, rht=None, room=0):
     """The tensor's power-of-two decode scale 2^E from amax = max |x| before any RHT: E = log2 of the block
-    scale a block holding amax gets, plus fp8_bound(rht), minus FP8_ROOM[fp8]; at least
-    FP8_MIN_EXP; 1 for an all-zero tensor, NaN if amax is NaN or Inf. No block scale after the RHT
-    exceeds the bound, so one plain read of x sets the scale (docs/formats.md, FP8 GEMMs)."""
+    scale a block holding amax gets, plus fp8_bound(rht) and `room` (binades kept free above amax),
+    minus FP8_ROOM[fp8]; at least FP8_MIN_EXP; 1 for an all-zero tensor, NaN if amax is NaN or Inf.
+    No block scale after the RHT exceeds the bound, so one plain read of x sets the scale
+    (docs/formats.md, FP8 GEMMs)."""
     amax = amax.float()
     top = block_scales(amax, GRIDS[get_format(fmt).grid], "e8m0")
-    return torch.where(amax.isfinite(), _fp8_scale_above(top, fp8, fp8_bound(rht)), float("nan"))
+    return torch.where(amax.isfinite(), _fp8_scale_above(top, fp8, fp8_bound(rht) + room), float("nan"))
+
+def new_step_state(device):
+    """A step state for to_fp8's scale (Recipe.fp8_dy_scale "step"): int32 [2], the kept amax's
+    float bits and a flag; [0, 1] asks the next call to find the amax afresh."""
+    return torch.tensor([0, 1], dtype=torch.int32, device=device)
+
+def reset_step_state(state):
+    """Back to [0, 1] in place (kernel launches only: fits inside a CUDA graph's capture)."""
+    state[0].zero_()
+    state[1].fill_(1)
+
+def step_fp8_scale(state, x, fmt, fp8, rht=None):
+    """A step state's FP8 decode scale for x: where its flag is set, x's amax (a pass over x) is
+    kept and the flag cleared; else the kept amax serves, unread x. The scale is fp8_scale's for
+    the kept amax with FP8_STEP_ROOM binades of room above it."""
+    fresh = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+    kept = torch.where(state[1] != 0, fresh, state[:1].view(torch.float32)[0])
+    state[:1].view(torch.float32).copy_(kept.reshape(1))
+    state[1].zero_()
+    return fp8_scale(kept, fmt, fp8, rht, room=FP8_STEP_ROOM)
+
+def is_step_state(scale):
+    return isinstance(scale, torch.Tensor)
 
 def _fp8_scale_above(top, fp8, bound=0):
     """2^(log2 top + bound - FP8_ROOM[fp8]) for the largest block scale `top` (a power of two),
@@ -557,7 +586,7 @@ def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8, fp8_scale=None):
     side) and fp8_scale (to_fp8's scale: one for both, or one per side) checked: -> (row dtype,
     col dtype, row scale, col scale)."""
     f8r, f8c = _per_side(fp8, torch.dtype, "fp8")
-    s_row, s_col = _per_side(fp8_scale, (int, float), "fp8_scale")
+    s_row, s_col = _per_side(fp8_scale, (int, float, torch.Tensor), "fp8_scale")
     for f, p, f8, s in ((fmt, packed, f8r, s_row), (fmt_col, packed_col, f8c, s_col)):
         if f8 and p:
             raise ValueError("a side is either packed or FP8, not both")
@@ -574,8 +603,9 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, scale
     it), and the fp32 decode scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
     bit for bit except in blocks more than the FP8 window below the scale's bound
     (fp8_inexact_blocks). scale: a given power-of-two decode scale instead of fp8_scale's (no
-    pass over x for its amax); a block whose scale is above that window (values past the FP8
-    maximum) is NaN, never clipped."""
+    pass over x for its amax), or a step state (new_step_state: step_fp8_scale's scale, a pass
+    over x only where its flag asks); a block whose scale is above that window (values past the
+    FP8 maximum) is NaN, never clipped."""
     fmt = check_fp8(fmt, fp8)
     dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
@@ -589,19 +619,25 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, scale
     if scale is None:
         scale = fp8_scale(x.abs().amax() if x.numel() else x.new_zeros(()), fmt, fp8, rht)
     else:
+        scale = (step_fp8_scale(scale, x, fmt, fp8, rht) if is_step_state(scale)
+                 else x.new_tensor(scale, dtype=torch.float32))
         over = (q.scales.float() > scale * 2.0 ** FP8_ROOM[fp8]).repeat_interleave(fmt.block, -1)
         values = values.masked_fill(over, float("nan"))
-        scale = x.new_tensor(scale, dtype=torch.float32)
     return (values / scale).to(fp8).movedim(-1, dim), scale
 
 def check_fp8_given_scale(scale):
-    """to_fp8's scale: None, or a power of two (a Python float) that fp32 holds with its inverse
-    (both normal: the kernels take the inverse as a constant)."""
+    """to_fp8's scale: None, a step state (new_step_state), or a power of two (a Python float)
+    that fp32 holds with its inverse (both normal: the kernels take the inverse as a constant)."""
+    if is_step_state(scale):
+        if scale.dtype != torch.int32 or scale.shape != (2,) or not scale.is_contiguous():
+            raise ValueError(f"an FP8 step state is new_step_state's int32 tensor of shape (2,), got "
+                             f"{scale.dtype} of shape {tuple(scale.shape)}")
+        return
     if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
                                   and 0 < scale < math.inf and math.frexp(scale)[0] == 0.5
                                   and 2.0 ** FP8_MIN_EXP <= scale <= 2.0 ** -FP8_MIN_EXP):
-        raise ValueError(f"an FP8 decode scale must be None (from the tensor's amax) or a power of "
-                         f"two from 2^{FP8_MIN_EXP} to 2^{-FP8_MIN_EXP}, got {scale!r}")
+        raise ValueError(f"an FP8 decode scale must be None (from the tensor's amax), a step state or "
+                         f"a power of two from 2^{FP8_MIN_EXP} to 2^{-FP8_MIN_EXP}, got {scale!r}")
 
 def fp8_from_packed(q, fp8=E4M3, top=None):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
@@ -695,6 +731,9 @@ class Recipe:
     fp8_weight_cache: str = "fp8"  # how FP4Linear.cache_weight keeps W's two operands between optimizer
                                    # steps: "fp8" (a byte an element each) or "packed" (about half: made
                                    # FP8 in every call, fp8_from_packed; less memory, a little slower)
+    fp8_dy_scale: str = "amax"     # dy on FP8 GEMMs: "amax" (a pass over dy in every call) or "step" (the
+                                   # pass once per optimizer step, FP8_STEP_ROOM binades of room above it:
+                                   # faster; a layer's state resets in cache_weights)
 
     def __post_init__(self):  # a Recipe built directly (not by make_recipe) is checked too
         _check_types(self, Gemm, *GEMMS)
@@ -710,6 +749,10 @@ class Recipe:
         if self.fp8_weight_cache not in ("fp8", "packed"):
             raise ValueError(f"fp8_weight_cache must be 'fp8' (e4m3) or 'packed' (4-bit codes + scales), "
                              f"got {self.fp8_weight_cache!r}")
+        if self.fp8_dy_scale not in ("amax", "step"):
+            raise ValueError(f"fp8_dy_scale must be 'amax' (e5m2 scaled by dy's amax in every call) or "
+                             f"'step' (by the amax of its first call after each optimizer step), got "
+                             f"{self.fp8_dy_scale!r}")
         if self.fp8_x_scale not in ("amax", "unit"):
             raise ValueError(f"fp8_x_scale must be 'amax' (e4m3 scaled by x's amax) or 'unit' (e5m2 "
                              f"at scale 1), got {self.fp8_x_scale!r}")
@@ -757,7 +800,7 @@ def _gemm_names(value, key):
 
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
                 bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None, fp8_wgrad_x=None,
-                fp8_x_scale=None, fp8_weight_cache=None):
+                fp8_x_scale=None, fp8_weight_cache=None, fp8_dy_scale=None):
     """A preset, with ablation overrides (None keeps the preset's choice):
     fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
     list of GEMMs ('fprop,wgrad' or 'fprop/wgrad'); sr_dy: stochastic rounding on dy in Dgrad
@@ -765,7 +808,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     fp8_fast_accum: the FP8 GEMMs that accumulate in fast mode, a list as for rht; fp8_wgrad_x:
     'packed' or 'fp8', how an FP8-GEMM layer keeps Wgrad's x from forward to backward;
     fp8_x_scale: 'amax' or 'unit', how it scales Fprop's x (Recipe.fp8_x_scale); fp8_weight_cache:
-    'fp8' or 'packed', how it keeps its cached weight operands (Recipe.fp8_weight_cache)."""
+    'fp8' or 'packed', how it keeps its cached weight operands (Recipe.fp8_weight_cache);
+    fp8_dy_scale: 'amax' or 'step', how often dy's FP8 scale is found (Recipe.fp8_dy_scale)."""
     if isinstance(name, Recipe):
         r = name
     elif name in RECIPES:
@@ -794,7 +838,7 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
                      bf16_last=bf16_last, fp8_gemm=fp8_gemm, fp8_fast_accum=fast,
                      fp8_wgrad_x=fp8_wgrad_x, fp8_x_scale=fp8_x_scale,
-                     fp8_weight_cache=fp8_weight_cache).items():
+                     fp8_weight_cache=fp8_weight_cache, fp8_dy_scale=fp8_dy_scale).items():
         if v is not None:
             changes[k] = v
     if bf16_last is not None:
@@ -813,7 +857,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     for key, value, asks_fp8 in (("fp8_fast_accum", fp8_fast_accum, fast),
                                  ("fp8_wgrad_x", fp8_wgrad_x, fp8_wgrad_x == "fp8"),
                                  ("fp8_x_scale", fp8_x_scale, fp8_x_scale == "unit"),
-                                 ("fp8_weight_cache", fp8_weight_cache, fp8_weight_cache == "packed")):
+                                 ("fp8_weight_cache", fp8_weight_cache, fp8_weight_cache == "packed"),
+                                 ("fp8_dy_scale", fp8_dy_scale, fp8_dy_scale == "step")):
         if asks_fp8 and not out.fp8_gemm:
             raise ValueError(f"{key}={value!r} only changes FP8 GEMMs: add fp8_gemm=True "
                              f"(recipe_fp8_gemm), or leave {key} out")
@@ -1119,13 +1164,16 @@ def _forward(x, weight, counts, recipe, dtype, tag, seeds, pack_x, fp8=False, wq
     return _gemm(xq, _t(wq), _group_ends(counts), dtype, fast="fprop" in recipe.fp8_fast_accum), xw
 
 def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, need_dx, need_dw,
-              fp8=False, wq=None, aligned=False):
+              fp8=False, wq=None, aligned=False, dy_state=None):
     """Dgrad dx = Q(dy) Q(W), reduction over `out`; Wgrad dW = Q(dy)^T Q(x), reduction over the
     tokens, fp32 out (bf16-rounded for experts on CUDA's bf16 grouped GEMM). x_or_q: x, or
     Wgrad's Q(x) as forward saved it. On FP8 GEMMs (fp8) dy is e5m2 (gradients need its range),
-    W and x e4m3. wq: Dgrad's Q(W) if cached."""
+    W and x e4m3. wq: Dgrad's Q(W) if cached. dy_state: the layer's step state (new_step_state)
+    under Recipe.fp8_dy_scale "step", which sets dy's FP8 scale: found once per optimizer step."""
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
+    if fp8 and dy_state is not None:
+        e5 = (E5M2, dy_state)
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype, aligned):
@@ -1193,11 +1241,14 @@ _Tensor, _OptTensor = torch.Tensor, typing.Optional[torch.Tensor]
 # tagged random: the compiler must neither merge two calls nor recompute one in backward
 @torch.library.custom_op("nanofp4::linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dtype: torch.dtype,
-               tag: str, pack_x: bool, weight_q: list[_Tensor], aligned: bool) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+               tag: str, pack_x: bool, weight_q: list[_Tensor], aligned: bool,
+               dy_state: list[_Tensor]) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """-> y, the SR seeds (int64 [6], PerOperand order; see _seed_device) and Wgrad's packed x: codes, scales,
     tensor scale (empty tensors where there is none); where _wgrad_x_fp8, its FP8 values [in, T]
     and scale in the first two. weight_q: [] or the weight's cached operands (_cached_operand).
-    aligned: expert groups laid out in whole group_multiple rows (GroupedLinear.forward)."""
+    aligned: expert groups laid out in whole group_multiple rows (GroupedLinear.forward).
+    dy_state: [] or the layer's step state, which backward reads and writes in place (never
+    returned: a CUDA graph replays the writes into the module's own buffer)."""
     r = _RECIPES_BY_KEY[recipe]
     seed = _sr_seeds(r, _seed_device(x))
     none = lambda dt: x.new_empty(0, dtype=dt)  # noqa: E731
@@ -1210,7 +1261,7 @@ def _linear_op(x: _Tensor, weight: _Tensor, counts: _OptTensor, recipe: str, dty
     return y, seed, q.codes, q.scales, q.tensor_scale if q.tensor_scale is not None else none(torch.float32)
 
 @_linear_op.register_fake
-def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q, aligned):
+def _(x, weight, counts, recipe, dtype, tag, pack_x, weight_q, aligned, dy_state):
     r = _RECIPES_BY_KEY[recipe]
     empty = lambda *shape, dt=torch.float32: x.new_empty(shape, dtype=dt)  # noqa: E731
     y = empty(x.shape[0], weight.shape[-2], dt=dtype)
@@ -1241,38 +1292,44 @@ def _saved_x(x_saved, recipe, x_dtype):
 def _linear_backward_op(dy: _Tensor, weight: _Tensor, counts: _OptTensor, seed: _Tensor,
                         x_saved: list[_Tensor], weight_q: list[_Tensor], recipe: str,
                         dtype: torch.dtype, x_dtype: torch.dtype, tag: str, need_dx: bool,
-                        need_dw: bool, aligned: bool) -> tuple[_Tensor, _Tensor]:
-    """-> dx, dW (empty where not needed). x_saved: as _saved_x takes it. weight_q: as _linear_op's."""
+                        need_dw: bool, aligned: bool, dy_state: list[_Tensor]) -> tuple[_Tensor, _Tensor]:
+    """-> dx, dW (empty where not needed). x_saved: as _saved_x takes it. weight_q, dy_state: as
+    _linear_op's."""
     r = _RECIPES_BY_KEY[recipe]
     dx, dw = _backward(dy, weight, counts, _saved_x(x_saved, r, x_dtype), r, dtype, x_dtype, tag, seed,
                        need_dx, need_dw, _uses_fp8(r, counts, dy.device),
-                       _cached_operand(weight_q, "dgrad", r, weight) if need_dx else None, aligned)
+                       _cached_operand(weight_q, "dgrad", r, weight) if need_dx else None, aligned,
+                       dy_state[0] if dy_state else None)
     return (dx if dx is not None else dy.new_empty(0, dtype=x_dtype),
             dw if dw is not None else weight.new_empty(0))
 
 @_linear_backward_op.register_fake
-def _(dy, weight, counts, seed, x_saved, weight_q, recipe, dtype, x_dtype, tag, need_dx, need_dw, aligned):
+def _(dy, weight, counts, seed, x_saved, weight_q, recipe, dtype, x_dtype, tag, need_dx, need_dw, aligned,
+      dy_state):
     return (dy.new_empty((dy.shape[0], weight.shape[-1]) if need_dx else (0,), dtype=x_dtype),
             weight.new_empty(weight.shape if need_dw else (0,)))
 
 def _setup_context(ctx, inputs, output):
-    x, weight, counts, recipe, dtype, tag, pack_x, weight_q, aligned = inputs
+    x, weight, counts, recipe, dtype, tag, pack_x, weight_q, aligned, dy_state = inputs
     _, seed, codes, scales, s_enc = output
     packed = _packs_wgrad_x(_RECIPES_BY_KEY[recipe], pack_x)
-    ctx.save_for_backward(weight, counts, seed, *weight_q, *((codes, scales, s_enc) if packed else (x,)))
-    ctx.n_weight_q = len(weight_q)
+    ctx.save_for_backward(weight, counts, seed, *weight_q, *dy_state,
+                          *((codes, scales, s_enc) if packed else (x,)))
+    ctx.n_weight_q, ctx.n_dy_state = len(weight_q), len(dy_state)
     ctx.mark_non_differentiable(seed, codes, scales, s_enc)
     ctx.set_materialize_grads(False)
     ctx.recipe, ctx.dtype, ctx.x_dtype, ctx.tag, ctx.aligned = recipe, dtype, x.dtype, tag, aligned
 
 def _linear_autograd(ctx, dy, *_):
     weight, counts, seed, *rest = ctx.saved_tensors
-    weight_q, x_saved = rest[:ctx.n_weight_q], rest[ctx.n_weight_q:]
+    n_q, n_s = ctx.n_weight_q, ctx.n_dy_state
+    weight_q, dy_state, x_saved = rest[:n_q], rest[n_q:n_q + n_s], rest[n_q + n_s:]
     need_dx, need_dw = ctx.needs_input_grad[:2]
     dx, dw = _linear_backward_op(dy, weight, counts, seed, x_saved, weight_q, ctx.recipe,
-                                 ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw, ctx.aligned)
+                                 ctx.dtype, ctx.x_dtype, ctx.tag, need_dx, need_dw, ctx.aligned,
+                                 dy_state)
     return (dx if need_dx else None, dw if need_dw else None, None, None, None, None, None,
-            [None] * ctx.n_weight_q, None)
+            [None] * n_q, None, [None] * n_s)
 
 _linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
 
@@ -1309,7 +1366,7 @@ def _check_shapes(x, weight, counts):
                          f"{tuple(x.shape)} and weight {tuple(weight.shape)}"
                          + (": reshape x to 2D" if x.dim() != 2 else ""))
 
-def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), aligned=False):
+def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), aligned=False, dy_state=None):
     if counts is not None:
         counts = _group_counts(x, weight, counts, _RECIPES_BY_KEY[key], aligned)
     _check_shapes(x, weight, counts)
@@ -1320,7 +1377,8 @@ def _apply(x, weight, counts, key, tag, pack_x=True, weight_q=(), aligned=False)
         x = x.to(dtype)
     pack_x = pack_x and torch.is_grad_enabled() and weight.requires_grad  # eval: no Wgrad
     with torch.autocast(x.device.type, enabled=False):
-        return _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q), aligned)[0]
+        return _linear_op(x, weight, counts, key, dtype, tag, pack_x, list(weight_q), aligned,
+                          [] if dy_state is None else [dy_state])[0]
 
 def fp4_linear(x, weight, recipe, counts=None, tag=""):
     """x [T, in] @ weight[out, in]^T with the three GEMMs quantized per `recipe` (a Recipe or a
@@ -1366,6 +1424,18 @@ class _Quantized:
         self._recipe = make_recipe(recipe)
         self._recipe_key = recipe_key(self._recipe)
 
+    def reset_dy_state(self):
+        """Under the recipe's fp8_dy_scale "step" on FP8 GEMMs: the next backward finds dy's FP8
+        scale afresh and the calls after it keep it (the dy_state buffer, made here; cache_weights
+        calls this after every optimizer step). Else dy_state is None: a pass over dy in every call."""
+        counts = torch.ones(1) if self.weight.dim() == 3 else None  # (_uses_fp8 asks: groups?)
+        if not (self.recipe.fp8_dy_scale == "step" and _uses_fp8(self.recipe, counts, self.weight.device)):
+            self.dy_state = None
+        elif self.dy_state is None or self.dy_state.device != self.weight.device:
+            self.dy_state = new_step_state(self.weight.device)
+        else:
+            reset_step_state(self.dy_state)  # in place: a CUDA graph that read it reads this one
+
 class FP4Linear(_Quantized, nn.Linear):
     """Drop-in nn.Linear whose three GEMMs are quantized per `recipe` (bf16: exactly nn.Linear)."""
 
@@ -1384,7 +1454,7 @@ class FP4Linear(_Quantized, nn.Linear):
         # and block scales under the recipe's fp8_weight_cache "packed", with each one's largest
         # block scale: no pass over the scales per call), kept between optimizer steps when
         # cache_weight() fills them; None: quantized in every call
-        for name in self.CACHE + self.CACHE_TOPS:
+        for name in self.CACHE + self.CACHE_TOPS + ("dy_state",):
             self.register_buffer(name, None, persistent=False)
         self._cached_for = None  # _cache_key() of the cached operands
 
@@ -1444,7 +1514,7 @@ class FP4Linear(_Quantized, nn.Linear):
         if not self.recipe.quantized:
             return F.linear(x, self.weight, self.bias)
         y = _apply(x.reshape(-1, x.shape[-1]), self.weight, None, self._recipe_key, self.tag,
-                   self.pack_x, self._weight_q())
+                   self.pack_x, self._weight_q(), dy_state=self.dy_state)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
@@ -1468,13 +1538,15 @@ class GroupedLinear(_Quantized, nn.Module):
         self.recipe = recipe
         check_dims(self.recipe, in_features, out_features)
         self.tag = ""
+        self.register_buffer("dy_state", None, persistent=False)  # reset_dy_state
 
     def group_multiple(self, device):
         """The row multiple of each group for aligned=True (fp4.group_multiple of the recipe)."""
         return group_multiple(self.recipe, device)
 
     def forward(self, x, counts, aligned=False):
-        return _apply(x, self.weight, counts, self._recipe_key, self.tag, aligned=aligned)
+        return _apply(x, self.weight, counts, self._recipe_key, self.tag, aligned=aligned,
+                      dy_state=self.dy_state)
 
     def extra_repr(self):
         g, o, i = self.weight.shape
@@ -1487,7 +1559,11 @@ def cache_weights(model):
     the weights (train.py: at the start and after each optimizer step). An eager call after a
     change without it is an error; compiled code cannot check, and would use the stale copy, as
     does an eager call after an in-place write through weight.data, which torch does not count.
-    Returns the number of layers that cache."""
+    Also resets each quantized layer's dy scale (_Quantized.reset_dy_state: Recipe.fp8_dy_scale
+    "step"). Returns the number of layers that cache."""
+    for m in model.modules():
+        if isinstance(m, _Quantized):
+            m.reset_dy_state()
     return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 
 class WeightCache:

@@ -866,8 +866,8 @@ def _store_t(ptr, base, v, m0, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, EVE
 @triton.jit
 def _side_consts(amax_ptr, senc_ptr, seed, a, r0, pid_c, R, L, BR: tl.constexpr, BC: tl.constexpr,
                  QMAX: tl.constexpr, EMAX: tl.constexpr, SCALE: tl.constexpr, FP8: tl.constexpr,
-                 FIX: tl.constexpr, SR: tl.constexpr, SEEDPTR: tl.constexpr, EPC: tl.constexpr,
-                 FIRST):
+                 FIX: tl.constexpr, OVER: tl.constexpr, SR: tl.constexpr, SEEDPTR: tl.constexpr,
+                 EPC: tl.constexpr, FIRST):
     """What a side's tile [BR, BC] needs beside its values (rows r0.. of a [R, L] slab a, blocks
     along L, tile column pid_c): NVFP4's tensor scale s_enc, the inverse FP8 tensor scale, the SR
     seed, and SR's Philox counters (one per EPC draws, distinct across the tensor)."""
@@ -880,6 +880,8 @@ def _side_consts(amax_ptr, senc_ptr, seed, a, r0, pid_c, R, L, BR: tl.constexpr,
         tl.store(senc_ptr, tl.full((), 1.0 / FIX, tl.float32), mask=FIRST)
     elif FP8 > 0:
         inv = _fp8_inv(amax_ptr, senc_ptr, EMAX, FP8, FIRST)
+        if OVER > 0:  # a step state (fp4.step_fp8_scale): its amax is kept, the flag cleared
+            tl.store(amax_ptr + 1, 0, mask=FIRST)
     roff = 0
     if SR:
         if SEEDPTR:
@@ -924,7 +926,8 @@ def _quant_kernel(x_ptr, M,
     divided by the tensor's power-of-two scale (_fp8_inv, stored in the side's senc) in the
     output's FP8 dtype; the column side then writes them transposed ([A, N, M]: the blocked dim
     contiguous, as the FP8 GEMM wants). FIX: a given decode scale's inverse (fp4.to_fp8's scale;
-    0: from the amax); OVER (with FIX): 2^FP8_ROOM, above which a block's scale makes it NaN.
+    0: from the amax); OVER (with FIX, or a step state as the amax): 2^FP8_ROOM, above which a
+    block's scale makes it NaN.
     With an e4m3-scaled or FP8 side (its scale from an amax) the tiles go in reverse launch
     order: the tensor-amax pass has just read x in launch order (in its own tiles), so the first
     tiles here are roughly those it read last, still in L2."""
@@ -947,7 +950,7 @@ def _quant_kernel(x_ptr, M,
         if R_RHT > 0:
             xr = _rht(xr, r_signs, BM, BN, R_RHT, R_INV, R_SMASK)
         s_enc, inv, seed, roff = _side_consts(r_amax, r_senc, r_seed, a, m0, pid_n, M, N, BM, BN,
-                                              R_QMAX, R_EMAX, R_SCALE, R_FP8, R_FIX, R_SR,
+                                              R_QMAX, R_EMAX, R_SCALE, R_FP8, R_FIX, R_OVER, R_SR,
                                               R_SEEDPTR, EPC, first)
         code, sc, deq = _quant_tile(xr, s_enc, inv, seed, roff, BM, BN, R_QMAX, R_EMAX, R_E2M1, R_NSEG,
                                     R_S1, R_S2, R_ST0, R_ST1, R_ST2, R_I1, R_I2,
@@ -962,7 +965,7 @@ def _quant_kernel(x_ptr, M,
         if C_RHT > 0:
             xc = _rht(xc, c_signs, BN, BM, C_RHT, C_INV, C_SMASK)
         s_enc, inv, seed, roff = _side_consts(c_amax, c_senc, c_seed, a, n0, pid_m, N, M, BN, BM,
-                                              C_QMAX, C_EMAX, C_SCALE, C_FP8, C_FIX, C_SR,
+                                              C_QMAX, C_EMAX, C_SCALE, C_FP8, C_FIX, C_OVER, C_SR,
                                               C_SEEDPTR, EPC, first)
         code, sc, deq = _quant_tile(xc, s_enc, inv, seed, roff, BN, BM, C_QMAX, C_EMAX, C_E2M1, C_NSEG,
                                     C_S1, C_S2, C_ST0, C_ST1, C_ST2, C_I1, C_I2,
@@ -1045,30 +1048,38 @@ def _atomic_max_bits(part, m):
 
 
 @triton.jit
-def _flat_amax_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr, TILES: tl.constexpr):
+def _flat_amax_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr, TILES: tl.constexpr,
+                      STEP: tl.constexpr = False):
     """max |x| over n contiguous elements (NaN if any is) into out_ptr's int32 bits: TILES
-    consecutive BLOCKs per program, one atomic each. No layout or RHT to follow, so flat loads."""
-    start = tl.program_id(0).to(tl.int64) * (BLOCK * TILES)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for t in range(TILES):
-        offs = start + t * BLOCK + tl.arange(0, BLOCK)
-        acc = _maxnan(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
-    _atomic_max_bits(out_ptr, _amax(acc, 0))
+    consecutive BLOCKs per program, one atomic each. No layout or RHT to follow, so flat loads.
+    STEP: out_ptr is a step state (fp4.new_step_state), read only where its flag is set."""
+    go = True
+    if STEP:
+        go = tl.load(out_ptr + 1) != 0
+    if go:
+        start = tl.program_id(0).to(tl.int64) * (BLOCK * TILES)
+        acc = tl.zeros([BLOCK], tl.float32)
+        for t in range(TILES):
+            offs = start + t * BLOCK + tl.arange(0, BLOCK)
+            acc = _maxnan(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
+        _atomic_max_bits(out_ptr, _amax(acc, 0))
 
 
 FLAT_AMAX = (8192, 2, 8)  # (BLOCK, TILES, warps) of _flat_amax: results/kernels/flat_amax_sweep.txt
 
 
-def _flat_amax(t, cfg=None):
+def _flat_amax(t, cfg=None, state=None):
     """max |t| (the plain tensor amax of an FP8 side; the largest block scale of fp8_from_packed)
     as an int32 [1] holding the float's bits, as _tensor_amax leaves them; 0 for an empty t.
-    cfg: (BLOCK, TILES, warps), else FLAT_AMAX."""
-    out = torch.zeros(1, device=t.device, dtype=torch.int32)
+    cfg: (BLOCK, TILES, warps), else FLAT_AMAX. state: a step state (fp4.new_step_state), whose
+    kept amax this finds where its flag asks (reset_step_state zeroed it) and returns; else the
+    programs return unread (the quantize kernel then clears the flag)."""
+    out = torch.zeros(1, device=t.device, dtype=torch.int32) if state is None else state
     n = t.numel()
     if n:
         BLOCK, tiles, nw = cfg or FLAT_AMAX
         _launch(_flat_amax_kernel, (_cdiv(n, BLOCK * tiles), 1, 1), (t.contiguous(), n, out),
-                dict(BLOCK=BLOCK, TILES=tiles, num_warps=nw))
+                dict(BLOCK=BLOCK, TILES=tiles, STEP=state is not None, num_warps=nw))
     return out
 
 
@@ -1173,7 +1184,7 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 @functools.lru_cache(maxsize=None)
 def _quant_meta(row_sig, col_sig, N, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
-    RHT, seed in memory, packed, FP8 dtype, given FP8 scale; None when off), and the same as the
+    RHT, seed in memory, packed, FP8 dtype, given FP8 scale or "step"; None when off), and the same as the
     launch cache's key: built once, not per call."""
     if rbits not in fp4.SR_BITS_CHOICES:
         raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws "
@@ -1184,12 +1195,13 @@ def _quant_meta(row_sig, col_sig, N, BM, BN, even, mode, rounds, nw, rbits):
             meta.update(_off_meta(p))
         else:
             fmt, rounding, rht, seed_ptr, packed, fp8, fp8_scale = sig
+            step = fp8 and fp8_scale == "step"   # a step state: its kept amax, with room above
+            fixed = fp8 and fp8_scale is not None and not step
+            room = fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) - (fp4.FP8_STEP_ROOM if step else 0) if fp8 else 0
             meta.update(_side_meta(fmt, rounding, rht, p))
-            fixed = fp8 and fp8_scale is not None
             meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed,
-                         p + "FP8": fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) if fp8 else 0,
-                         p + "FIX": 1.0 / fp8_scale if fixed else 0.0,
-                         p + "OVER": 2.0 ** fp4.FP8_ROOM[fp8] if fixed else 0.0})
+                         p + "FP8": room, p + "FIX": 1.0 / fp8_scale if fixed else 0.0,
+                         p + "OVER": 2.0 ** fp4.FP8_ROOM[fp8] if fixed or step else 0.0})
         meta[flag] = sig is not None
     meta.update(N=N, BM=BM, BN=BN, EVEN=even, ROWLOAD=mode, ROUNDS=rounds, RBITS=rbits, num_warps=nw,
                 enable_fp_fusion=False)
@@ -1237,6 +1249,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
     # equal); of FP8 sides before any RHT (fp4.fp8_scale bounds what it adds), one plain pass
     nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
     fp8 = [s for s in (row, col) if s is not None and s.fp8 and s.fp8_scale is None]
+    step = [s for s in (row, col) if s is not None and s.fp8 and fp4.is_step_state(s.fp8_scale)]
     amaxes = {}
     if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
         amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
@@ -1248,6 +1261,10 @@ def _run(x3, row, col, out_dtype, cfg=None):
     if fp8:
         amax = _flat_amax(x3)
         amaxes.update({s: amax for s in fp8})
+    for s in step:  # one pass per state, where its flag asks (a pair shares its state)
+        if not any(amaxes.get(o) is s.fp8_scale for o in step):
+            _flat_amax(x3, state=s.fp8_scale)
+        amaxes[s] = s.fp8_scale
     args = []
     for side, col_side in ((row, False), (col, True)):
         if side is None:
@@ -1267,11 +1284,14 @@ def _run(x3, row, col, out_dtype, cfg=None):
                                       dtype=torch.float32 if INTERPRET else fp4.SCALE_DTYPES[fmt.scale])
         else:
             side.codes = side.scales = None
-        fixed = side.fp8_scale is not None   # (the kernel writes the given scale)
+        fixed = side.fp8_scale is not None and side not in amaxes  # (the kernel writes the given scale)
         side.s_enc = torch.empty((), device=dev, dtype=torch.float32) if side in amaxes or fixed else None
         if side.s_enc is not None and not M * N * A:  # no program runs to write it: an empty
-            # tensor's scale is 1 (NVFP4's s_enc as for an all-zero tensor; FP8's), or the given one
-            side.s_enc = torch.full((), side.fp8_scale if fixed else 1.0, device=dev, dtype=torch.float32)
+            # tensor's scale is 1 (NVFP4's s_enc as for an all-zero tensor; FP8's), the given one,
+            # or the step state's (which the reference updates as for any call)
+            side.s_enc = (fp4.step_fp8_scale(side.fp8_scale, x3, side.fmt, side.fp8, side.rht)
+                          if side in step else
+                          torch.full((), side.fp8_scale if fixed else 1.0, device=dev, dtype=torch.float32))
         args += [dummy if side.packed else side.fake, side.codes if side.packed else dummy,
                  side.scales if side.packed else dummy, amaxes.get(side, dummy),
                  side.s_enc if side.s_enc is not None else dummy,
@@ -1279,7 +1299,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
         sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed, s.fp8,  # noqa: E731
-                               s.fp8_scale)
+                               "step" if s in step else s.fp8_scale)
         meta, meta_key = _quant_meta(sig(row), sig(col), N, BM, BN, M % BM == 0 and N % BN == 0,
                                      mode, PHILOX_ROUNDS, nw, SR_BITS)
         _launch(_quant_kernel, grid, (x3, M, *args), meta, meta_key)

@@ -131,6 +131,7 @@ recipe_fp8_fast_accum = None # FP8 GEMMs in fast accumulation ("all", "none", "f
 recipe_fp8_wgrad_x = None    # FP8 GEMMs keep Wgrad's x "packed" (the default) or as "fp8" (faster, more memory)
 recipe_fp8_x_scale = None    # FP8 GEMMs scale Fprop's x by its "amax" (the default) or at "unit" scale (faster)
 recipe_fp8_weight_cache = None  # FP8 GEMMs cache each weight's operands as "fp8" (the default) or "packed" (less memory)
+recipe_fp8_dy_scale = None   # FP8 GEMMs scale dy by its "amax" in every call (the default) or once per "step" (faster)
 backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
 sr_bits = 8                  # random bits per stochastic-rounding draw in the Triton kernels: 8 or 16
 # AdamW (fp32 master weights and states)
@@ -172,7 +173,7 @@ NULLABLE = dict(recipe_format=str, recipe_rht=str,
                 recipe_sr_dy=bool, recipe_rht_size=int, recipe_weight_2d=bool,
                 recipe_bf16_first=int, recipe_bf16_last=int, recipe_fp8_gemm=bool,
                 recipe_fp8_fast_accum=str, recipe_fp8_wgrad_x=str, recipe_fp8_x_scale=str,
-                recipe_fp8_weight_cache=str)
+                recipe_fp8_weight_cache=str, recipe_fp8_dy_scale=str)
 CHOICES = dict(wandb_mode=("", "offline", "online", "disabled"),
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
                router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"), sr_bits=(8, 16),

@@ -538,6 +538,7 @@ def test_recipe_fields_take_their_own_types():
 @pytest.mark.parametrize("field, bad, match", [("fp8_wgrad_x", "e4m3", "'packed'"), ("rht_size", 24, "rht_size"),
                                                ("fp8_x_scale", "e5m2", "'amax'"),
                                                ("fp8_weight_cache", "e4m3", "'packed'"),
+                                               ("fp8_dy_scale", "once", "'step'"),
                                                ("fp8_fast_accum", ("forward",), "names GEMMs")])
 def test_recipe_checks_its_fields_when_built_directly(field, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -586,6 +587,72 @@ def _wgrad_x_forms(x, w, monkeypatch):
             y.square().sum().backward()
         out[keep] = (y.detach(), xg.grad, wg.grad), fp4.probe_summary(p)["wgrad_x"]["l"][2], len(calls)
     return out
+
+
+def test_step_state_keeps_the_first_amax_with_room_above():
+    """to_fp8 with a step state: the first call after a reset takes x's amax (kept as its bits,
+    the flag cleared) and scales by fp8_scale's 2^FP8_STEP_ROOM above it; later calls reuse it
+    whatever their x, the same values as fake_quant while their blocks fit below that room, NaN
+    blocks (never clipped) past it. A malformed state is an error."""
+    x = torch.randn(64, 96)
+    state = fp4.new_step_state("cpu")
+    v, scale = fp4.to_fp8(x, "mxfp4", fp8=fp4.E5M2, scale=state)
+    amax = x.abs().amax()
+    assert state[1] == 0 and state[:1].view(torch.float32)[0] == amax
+    assert scale == fp4.fp8_scale(amax, "mxfp4", fp4.E5M2) * 2 ** fp4.FP8_STEP_ROOM
+    assert torch.equal(v.float() * scale, fp4.fake_quant(x, "mxfp4", dtype=torch.float32))
+    for mult, fits in ((2 ** fp4.FP8_STEP_ROOM, True), (0.01, True), (2.0 ** (fp4.FP8_STEP_ROOM + 2), False)):
+        v2, s2 = fp4.to_fp8(x * mult, "mxfp4", fp8=fp4.E5M2, scale=state)
+        assert s2 == scale and state[:1].view(torch.float32)[0] == amax
+        fake = fp4.fake_quant(x * mult, "mxfp4", dtype=torch.float32)
+        if fits:
+            assert torch.equal(v2.float() * s2, fake)
+        else:  # the blocks past the room are NaN, the others exact
+            got = v2.float() * s2
+            assert got.isnan().any() and torch.equal(got[~got.isnan()], fake[~got.isnan()])
+    fp4.reset_step_state(state)
+    assert state.tolist() == [0, 1]
+    assert fp4.to_fp8(x * 64, "mxfp4", fp8=fp4.E5M2, scale=state)[1] == scale * 64
+    with pytest.raises(ValueError, match="int32 tensor of shape"):
+        fp4.to_fp8(x, "mxfp4", fp8=fp4.E5M2, scale=torch.zeros(2))
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fp8_dy_scale_step_keeps_dy_scale_for_the_optimizer_step(grouped):
+    """Recipe fp8_dy_scale='step': a layer's dy scale is found in the first backward after
+    cache_weights and kept until the next one. While dy's blocks fit its room, dx and dW equal
+    the amax scale's bit for bit (SR on dy seeded alike); dy past the room gives NaN (a skipped
+    step), and after cache_weights the scale follows dy again. A layer that cache_weights never
+    reached has no state and scales dy by its amax. Only with fp8_gemm."""
+    counts = torch.tensor([24, 0, 40]) if grouped else None
+    out = {}
+    for how in ("amax", "step"):
+        torch.manual_seed(0)
+        r = fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_dy_scale=how)
+        layer = fp4.GroupedLinear(3, 64, 32, recipe=r) if grouped else fp4.FP4Linear(64, 32, bias=False, recipe=r)
+        assert layer.dy_state is None
+        fp4.cache_weights(layer)
+        assert (layer.dy_state is not None) == (how == "step")
+        grads = []
+        for k, mult in enumerate((1.0, 2.0, 2.0 ** (fp4.FP8_STEP_ROOM + 3), "reset")):
+            if mult == "reset":
+                fp4.cache_weights(layer)
+                mult = 2.0 ** (fp4.FP8_STEP_ROOM + 3)
+            g = torch.Generator().manual_seed(k)
+            x = torch.randn(64, 64, generator=g, requires_grad=True)
+            dy = torch.randn(64, 32, generator=g) * mult
+            torch.manual_seed(10 + k)
+            (layer(x, counts) if grouped else layer(x)).backward(dy)
+            grads.append((x.grad, layer.weight.grad))
+            layer.weight.grad = None
+        out[how] = grads
+    for k, ((dx, dw), (sdx, sdw)) in enumerate(zip(out["amax"], out["step"])):
+        if k == 2:  # past the room kept from the first micro-step
+            assert sdx.isnan().any() and sdw.isnan().any() and dx.isfinite().all()
+        else:
+            assert torch.equal(dx, sdx) and torch.equal(dw, sdw), k
+    with pytest.raises(ValueError, match="add fp8_gemm=True"):
+        fp4.make_recipe("mxfp4", fp8_dy_scale="step")
 
 
 def test_fp8_wgrad_x_kept_as_fp8_gives_the_same_layer(monkeypatch):

@@ -1279,6 +1279,86 @@ def test_fp8_unit_x_scale_gives_the_same_layer_without_x_amax(monkeypatch):
             assert n["unit"] == n["amax"] - through_kernels, (what, n)
 
 
+def _state_bits(state):  # a kept NaN amax as one pattern (the kernels store the canonical NaN)
+    kept = state[:1].view(torch.float32)
+    return torch.cat([torch.where(kept.isnan(), float("nan"), kept).view(torch.int32), state[1:]])
+
+
+def test_step_state_through_kernels(monkeypatch):
+    """kernels.to_fp8 and quantize_both with a step state (fp4.step_fp8_scale): the reference's FP8
+    values, scales and state bit for bit over calls that find the amax, keep it, pass its room
+    (NaN blocks), find it again after a reset (a zero tensor, a NaN, an empty one); a pair shares
+    one state (Dgrad's row side, Wgrad's column side with RHT; RTNE: the kernels' SR draws differ
+    from the reference's) and one amax launch, whose
+    programs leave the state unread once its flag is clear."""
+    launches = []
+    real = kernels._flat_amax
+    monkeypatch.setattr(kernels, "_flat_amax", lambda *a, **k: launches.append(1) or real(*a, **k))
+    base = torch.randn(64, 96, generator=torch.Generator().manual_seed(5))
+    nan = base.clone()
+    nan[3, 7] = float("nan")
+    calls = (base, base * 3, base * 64, "reset", base * 64, torch.zeros(64, 96), "reset", nan,
+             "reset", base[:0])
+    states = [fp4.new_step_state("cpu") for _ in range(4)]
+    for i, x in enumerate(calls):
+        if isinstance(x, str):
+            for st in states:
+                fp4.reset_step_state(st)
+            continue
+        got = {}
+        for name, mod, (one, pair) in (("ref", fp4, states[:2]), ("kernels", kernels, states[2:])):
+            launches.clear()
+            one_out = mod.to_fp8(x, "mxint4", fp8=fp4.E5M2, scale=one, rht=16)
+            pair_out = mod.quantize_both(x, "mxfp4", rht=None, rht_col=16, fp8=fp4.E5M2, fp8_scale=pair)
+            got[name] = (one_out, *pair_out, _state_bits(one), _state_bits(pair), len(launches))
+        ref, ker = got["ref"], got["kernels"]
+        for k, nm in enumerate(("to_fp8", "row", "col")):
+            assert_same(ker[k][0].float(), ref[k][0].float(), f"call {i} {nm} values")
+            assert_same(ker[k][1], ref[k][1], f"call {i} {nm} scale")
+        assert_same(ker[3], ref[3], f"call {i} to_fp8 state")
+        assert_same(ker[4], ref[4], f"call {i} pair state")
+        assert ker[5] == 2, (i, ker[5])  # one amax call per state
+        if i == 2:  # base * 64 on base's kept amax: past the room (an amax launch that read x
+            assert ker[0][0].float().isnan().any()  # would have raised the kept amax: state above)
+
+
+def test_fp8_dy_scale_step_through_kernels(monkeypatch):
+    """fp8_dy_scale='step' with its quantize calls on the kernels or the reference: the amax
+    scale's dx and dW bit for bit over a reset, a second micro-step and another reset (dense with
+    dy quantized both ways by one kernel, padded for Wgrad, and grouped), the kernels' states the
+    reference's; RTNE dy (the kernels' SR draws differ from the reference's)."""
+    for counts, tokens in ((None, 64), (None, 40), (torch.tensor([7, 0, 33]), 40)):
+        states = []
+        for through_kernels in (False, True):
+            out = {}
+            for how in ("amax", "step"):
+                r = fp4.make_recipe("mxfp4", fp8_gemm=True, sr_dy=False, fp8_dy_scale=how)
+                torch.manual_seed(0)
+                layer = (fp4.FP4Linear(64, 32, bias=False, recipe=r) if counts is None
+                         else fp4.GroupedLinear(3, 64, 32, recipe=r))
+                out[how] = []
+                with monkeypatch.context() as m:
+                    if through_kernels:
+                        m.setattr(fp4, "kernels_for", lambda t: kernels)
+                    for k, mult in enumerate((1.0, 2.0, 0.5)):
+                        if k != 1:
+                            fp4.cache_weights(layer)
+                        g = torch.Generator().manual_seed(k)
+                        x = torch.randn(tokens, 64, generator=g, requires_grad=True)
+                        y = layer(x) if counts is None else layer(x, counts)
+                        y.backward(torch.randn(y.shape, generator=g) * mult)
+                        out[how] += [x.grad, layer.weight.grad.clone()]
+                        layer.weight.grad = None
+                        if how == "step":
+                            states.append(_state_bits(layer.dy_state))
+            what = f"counts={counts} tokens={tokens} kernels={through_kernels}"
+            for k, (a, b) in enumerate(zip(out["amax"], out["step"])):
+                assert_same(b, a, f"{what} #{k}")
+        for k, (a, b) in enumerate(zip(states[:3], states[3:])):
+            assert_same(b, a, f"counts={counts} tokens={tokens} state #{k}")
+            assert a[1] == 0 and a[0] != 0
+
+
 def test_every_launch_has_a_three_dimensional_grid(monkeypatch):
     """kernels._launch's fast path (GPU only, from a kernel's second call on) launches the compiled
     kernel with grid[0], grid[1] and grid[2]: a shorter grid fails there and nowhere else."""

@@ -64,6 +64,8 @@ def test_recipe_from_spec_applies_the_keys_after_plus(tmp_path):
     assert kept.fp8_wgrad_x == "fp8" and kept.fp8_fast_accum == fp4.GEMMS
     unit = train.recipe_from_spec(str(cfg_file), "mxfp4+recipe_fp8_gemm=True+recipe_fp8_x_scale=unit")
     assert unit.fp8_x_scale == "unit" and unit.fp8_gemm
+    step = train.recipe_from_spec(str(cfg_file), "mxfp4+recipe_fp8_gemm=True+recipe_fp8_dy_scale=step")
+    assert step.fp8_dy_scale == "step" and step.fp8_gemm
     packed = train.recipe_from_spec(str(cfg_file), "mxfp4+recipe_fp8_gemm=True+recipe_fp8_weight_cache=packed")
     assert packed.fp8_weight_cache == "packed" and packed.fp8_gemm
     with pytest.raises(train.ConfigError, match="recipe: fp8_wgrad_x"):

@@ -18,11 +18,14 @@ Every compile goes through train.torch_compile, as train.py's does.
    eager's)
 5. weights cached per optimizer step (fp4.WeightCache, mxfp4 on FP8 GEMMs, CUDA graphs): the
    same losses over 4 AdamW steps as quantizing the weights in every call
-6. the compiled 2048-wide GPT (mxfp4; LayerNorm with bf16 and with FP8 GEMMs, RMSNorm) repeats
+6. dy's FP8 scale kept per optimizer step (Recipe.fp8_dy_scale "step", CUDA graphs, two
+   micro-steps a step): the backward's writes to each layer's state reach its buffer, the
+   refresh resets it, and the losses follow the amax scale's
+7. the compiled 2048-wide GPT (mxfp4; LayerNorm with bf16 and with FP8 GEMMs, RMSNorm) repeats
    its loss and its FP4 layers' dW (math attention) on the same batch and weights, with finite
    gradients: a looped LayerNorm read back its own output before all of it was written
    (train.torch_compile keeps such rows in registers; docs/performance.md)
-7. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled / CUDA graphs
+8. a table: ms/step, tokens/s and peak memory of bf16 / ufp4, eager / compiled / CUDA graphs
 
 Prints PASS / FAIL lines and ends with 'ALL PASS' (exit 0) or 'FAILED: n' (exit 1);
 'skip' and exit 0 without CUDA. `--cpu` runs the same code at toy sizes on the CPU (a smoke test
@@ -277,6 +280,47 @@ def cached_weights():
     torch._dynamo.reset()
 
 
+def step_dy_scale():
+    """Recipe fp8_dy_scale='step' compiled as train.py runs it (CUDA graphs on the GPU;
+    fp4.WeightCache refreshed after each AdamW step, two micro-steps a step): the backward's
+    writes to each layer's dy state reach the module's buffer (every flag clear after a step's
+    backward, set again by the refresh: a replay that wrote a copy would leave them set), and the
+    losses follow the amax scale's (equal while no dy block leaves the narrower window)."""
+    runs = []
+    for how in ("amax", "step"):
+        torch._dynamo.reset()
+        m = gpt(fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_dy_scale=how))
+        weights = fp4.WeightCache(m, graph=not CPU)
+        weights.refresh()
+        comp = train.torch_compile(m, mode="default" if CPU else "reduce-overhead")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        states = [mod.dy_state for mod in m.modules() if getattr(mod, "dy_state", None) is not None]
+        losses, cleared, reset = [], True, True
+        for step in range(3):
+            for micro in range(2):
+                if not CPU:
+                    torch.compiler.cudagraph_mark_step_begin()
+                x, y = batch(micro)
+                loss = loss_of(comp, x, y, 300 + 2 * step + micro)
+                losses.append(loss.item())
+                loss.backward()
+            cleared &= all(int(s[1]) == 0 and int(s[0]) != 0 for s in states)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            weights.refresh()
+            reset &= all(s.tolist() == [0, 1] for s in states)
+        runs.append((len(states), losses, cleared, reset))
+        del m, comp, opt
+    (_, amax, _, _), (n, step, cleared, reset) = runs
+    worst = max(abs(a - b) / abs(a) for a, b in zip(amax, step))
+    report(n > 0 and cleared and reset and amax[:2] == step[:2] and worst < 1e-3,
+           "dy's FP8 scale kept per optimizer step (compiled): each layer's state written by the "
+           "backward and reset by the refresh; the amax scale's losses",
+           f"{n} states, cleared {cleared}, reset {reset}; losses {' '.join(f'{v:.6f}' for v in step)} "
+           f"vs {' '.join(f'{v:.6f}' for v in amax)} (worst rel {worst:.1e})")
+    torch._dynamo.reset()
+
+
 def wide_repeats():
     width, layers = (256, 1) if CPU else (2048, 4)  # 2048: rows longer than inductor's 1024
     x, y = batch()
@@ -354,6 +398,7 @@ def main():
     if not CPU:
         check("CUDA graphs", cuda_graphs)
     check("cached weights", cached_weights)
+    check("dy scale per step", step_dy_scale)
     check("wide model repeats", wide_repeats)
     check("speed table", speed_table)
     print(f"\n{'ALL PASS' if not FAILS else 'FAILED: ' + str(len(FAILS))} in {time.time() - t0:.0f}s")

@@ -510,6 +510,35 @@ def fp8_unit_x(sz, recipe_name):
     _fp8_layer_forms(sz, recipe_name, "fp8_x_scale", ("amax", "unit"), x)
 
 
+def fp8_dy_step(sz, recipe_name):
+    """dy's FP8 scale kept for the optimizer step (fp8_dy_scale='step') == found in every call,
+    over two micro-steps after cache_weights (the second's dy doubled: inside the kept room), SR on
+    dy seeded alike: dx and dW bit for bit; the state keeps the first dy's amax, its flag clear."""
+    T, IN, OUT = sz.cached
+    x = randn(T, IN, seed=10, dtype=torch.float32)
+    outs = []
+    for how in ("amax", "step"):
+        torch.manual_seed(0)
+        recipe = fp4.make_recipe(recipe_name, fp8_gemm=True, fp8_dy_scale=how)
+        lin = fp4.FP4Linear(IN, OUT, bias=False, recipe=recipe, device=DEV)
+        fp4.cache_weights(lin)
+        grads = []
+        for k in range(2):
+            xi = x.clone().requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = lin(xi)
+            y.backward(randn(T, OUT, seed=12) * (k + 1))
+            grads += [xi.grad, lin.weight.grad.clone()]
+            lin.weight.grad = None
+        if how == "step":
+            kept = lin.dy_state[:1].view(torch.float32)[0]
+            assert lin.dy_state[1] == 0 and kept == randn(T, OUT, seed=12).abs().max().float(), \
+                lin.dy_state.tolist()
+        outs.append(grads)
+    for k, (u, v) in enumerate(zip(*outs)):
+        same(u, v, f"{recipe_name} fp8_dy_scale micro-step {k // 2} {('dx', 'dW')[k % 2]}")
+
+
 EXPERT_COUNTS = [1024, 0, 512, 2048, 32, 1216, 704, 736]  # multiples of 32, an empty group
 
 
@@ -694,6 +723,8 @@ def run_all(sz):
     for rn in ("mxfp4", "mxint4"):
         check(f"FP4Linear {rn} on FP8 GEMMs: Fprop's x at unit scale == scaled by its amax (bit for bit, SR)",
               lambda: fp8_unit_x(sz, rn))
+        check(f"FP4Linear {rn} on FP8 GEMMs: dy's scale kept for the step == found per call (bit for bit, SR)",
+              lambda: fp8_dy_step(sz, rn))
     for rn in ("ufp4", "mxfp4"):
         check(f"GroupedLinear {rn}: aligned groups == padding inside (y, dx bit for bit; dW)",
               lambda: grouped_aligned(rn))
