@@ -1198,13 +1198,13 @@ def train_step(run, lr):
         run.raw_model, c.grad_clip if c.grad_clip > 0 else float("inf")).item()
     if math.isfinite(loss) and math.isfinite(grad_norm):
         run.optimizer.step()
-        cache_weights(run)
         if hasattr(run.raw_model, "update_router_bias"):
             run.raw_model.update_router_bias(
                 all_reduce=torch.distributed.all_reduce if run.ddp else None)
         run.bad_in_row = 0
     else:
         skip_nonfinite_step(run, loss, grad_norm)
+    cache_weights(run)  # after a skipped step too: it resets the layers' dy scales (fp8_dy_scale)
     run.optimizer.zero_grad(set_to_none=run.flat_grad is None)
     if probing and alphas:
         tel = telemetry_record(run.iter_num, fp4.probe_summary(alphas))

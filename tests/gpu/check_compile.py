@@ -294,6 +294,8 @@ def step_dy_scale():
         weights.refresh()
         comp = train.torch_compile(m, mode="default" if CPU else "reduce-overhead")
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        for p in m.parameters():  # gradients accumulate in place, as in train.py's flat buffer: a
+            p.grad = torch.zeros_like(p)  # replay's own output would be overwritten by the next
         states = [mod.dy_state for mod in m.modules() if getattr(mod, "dy_state", None) is not None]
         losses, cleared, reset = [], True, True
         for step in range(3):
@@ -306,7 +308,7 @@ def step_dy_scale():
                 loss.backward()
             cleared &= all(int(s[1]) == 0 and int(s[0]) != 0 for s in states)
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=False)
             weights.refresh()
             reset &= all(s.tolist() == [0, 1] for s in states)
         runs.append((len(states), losses, cleared, reset))
