@@ -285,7 +285,8 @@ def step_dy_scale():
     fp4.WeightCache refreshed after each AdamW step, two micro-steps a step): the backward's
     writes to each layer's dy state reach the module's buffer (every flag clear after a step's
     backward, set again by the refresh: a replay that wrote a copy would leave them set), and the
-    losses follow the amax scale's (equal while no dy block leaves the narrower window)."""
+    losses follow the amax scale's (within 1e-3: the two compiled models' first losses differed
+    by 1e-5 on an H100, before any backward)."""
     runs = []
     for how in ("amax", "step"):
         torch._dynamo.reset()
@@ -315,7 +316,7 @@ def step_dy_scale():
         del m, comp, opt
     (_, amax, _, _), (n, step, cleared, reset) = runs
     worst = max(abs(a - b) / abs(a) for a, b in zip(amax, step))
-    report(n > 0 and cleared and reset and amax[:2] == step[:2] and worst < 1e-3,
+    report(n > 0 and cleared and reset and worst < 1e-3,
            "dy's FP8 scale kept per optimizer step (compiled): each layer's state written by the "
            "backward and reset by the refresh; the amax scale's losses",
            f"{n} states, cleared {cleared}, reset {reset}; losses {' '.join(f'{v:.6f}' for v in step)} "
