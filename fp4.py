@@ -523,7 +523,7 @@ FP8_UNIT_X = (E5M2, 1.0)
 # dy under Recipe.fp8_dy_scale "step": its FP8 scale comes from one pass over the first micro-step's
 # dy after each optimizer step (a step state, new_step_state), with this many binades of room above
 # it for the larger values of the step's later micro-steps (GPT-2 small's rose up to 3 in a probe:
-# docs/performance.md); a block past that room is NaN (a skipped step, never clipped), and the
+# docs/formats.md); a block past that room is NaN (a skipped step, never clipped), and the
 # window's bottom rises by as much
 FP8_STEP_ROOM = 4
 
