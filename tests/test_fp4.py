@@ -1520,10 +1520,10 @@ def test_linear_op_fake_matches_real(name, fp8):
     recipe = fp4.make_recipe(name, **fp8)
     key = fp4.recipe_key(recipe)
     x, w = torch.randn(64, 96), torch.randn(128, 96)
-    real = fp4._linear_op(x, w, None, key, torch.float32, "", True, [], False)
+    real = fp4._linear_op(x, w, None, key, torch.float32, "", True, [], False, [])
     with FakeTensorMode() as mode:
         fake = fp4._linear_op(mode.from_tensor(x), mode.from_tensor(w), None, key, torch.float32, "",
-                              True, [], False)
+                              True, [], False, [])
     assert [(t.shape, t.stride(), t.dtype) for t in fake] == [(t.shape, t.stride(), t.dtype) for t in real]
     if recipe.fp8_wgrad_x == "fp8":
         assert real[2].dtype == fp4.E4M3 and real[2].shape == (96, 64)
