@@ -92,7 +92,7 @@ def main():
          lambda: fp4._quantize_operand(x, fp4._operands(r, torch.ones(6, dtype=torch.long)).fprop_x,
                                        r, -1, torch.bfloat16, "")),
         ("_linear_op (forward op, ufp4)", lambda: fp4._linear_op(x, w, None, fp4.recipe_key(r),
-                                                                  torch.bfloat16, "", True, [], False)),
+                                                                  torch.bfloat16, "", True, [], False, [])),
         ("fp4_linear fwd+bwd ufp4", fwd_bwd("ufp4")),
         ("fp4_linear fwd+bwd bf16 recipe", fwd_bwd("bf16")),
         ("nn.Linear fwd+bwd", bf16_fwd_bwd),
