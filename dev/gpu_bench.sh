@@ -22,6 +22,12 @@
 #   fp8_weight_cache  the GPU check of the cached weight (FP8 and packed, recipe_fp8_weight_cache),
 #            then the wide 24 x 2048 model's bf16 and mxfp4 at unit scale with its weights cached as
 #            FP8 (the default) and packed (356 s on a fresh H100)
+#   fp8_dy_step  the check of dy's FP8 scale kept for the optimizer step (recipe_fp8_dy_scale=step),
+#            then the MoE's bf16 and mxfp4 (x at unit scale, all three GEMMs fast) with dy's scale
+#            found in every call and kept per step, then dense GPT-2 small's mxint4 and mxfp4 (x at
+#            unit scale) the same two ways (about 430 s on a warm H100)
+#   fp8_dy_step_window  dy's blocks out of the FP8 window in 21 steps of dense GPT-2 small (mxfp4,
+#            x at unit scale, telemetry at steps 0, 10 and 20), dy's scale per call and per step
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
 #            and in chunks (the default), and bf16 in chunks of 2048
@@ -68,7 +74,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|fp8_weight_cache|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|fp8_weight_cache|fp8_dy_step|fp8_dy_step_window|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -144,6 +150,20 @@ fp8_weight_cache)
     U=recipe_fp8_x_scale=unit
     one fp8_weight_cache_wide 340 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U,mxfp4+$F+$U+recipe_fp8_weight_cache=packed ;;
+fp8_dy_step)
+    timeout 100 python3 tests/gpu/check_kernels.py --quick --only="kept for the step" > "$OUT/check_dy_step.log" 2>&1
+    grep -h "^ok \|FAIL\|checks passed" "$OUT/check_dy_step.log"
+    U=recipe_fp8_x_scale=unit; A=recipe_fp8_fast_accum=all; S=recipe_fp8_dy_scale=step
+    one fp8_dy_step_moe 260 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F+$U+$A,mxfp4+$F+$U+$A+$S
+    one fp8_dy_step_dense 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,mxint4+$F+$U,mxint4+$F+$U+$S,mxfp4+$F+$U,mxfp4+$F+$U+$S ;;
+fp8_dy_step_window)
+    for how in amax step; do
+        train_run fp8_dy_window_$how 200 configs/gpu/gpt2_small_bf16.py --recipe=mxfp4 --$F \
+            --recipe_fp8_x_scale=unit --recipe_fp8_dy_scale=$how --max_iters=21 --warmup_iters=1 \
+            --telemetry_interval=10 --compile_mode=default --eval_interval=100000 --eval_iters=1
+    done ;;
 loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1
     tail -4 "$OUT/check_loss.log"
@@ -234,6 +254,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, fp8_weight_cache, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, fp8_weight_cache, fp8_dy_step, fp8_dy_step_window, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
