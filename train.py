@@ -1231,8 +1231,13 @@ def skip_nonfinite_step(run, loss, grad_norm):
     run.bad_in_row += 1
     run.record(dict(type="nonfinite", iter=run.iter_num, loss=loss, grad_norm=grad_norm))
     what = f"loss {loss}" if not math.isfinite(loss) else f"grad norm {grad_norm} (loss {loss:.4f})"
+    hint = ""
+    if run.recipe.fp8_gemm and run.recipe.fp8_dy_scale == "step":
+        hint = (" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from the "
+                "step's first, likelier with few tokens a micro-step; --recipe_fp8_dy_scale=amax finds "
+                "it in every call]")
     run.log(f"iter {run.iter_num}: non-finite {what}: step skipped ({run.bad_in_row} in a row, "
-            f"{run.n_nonfinite} in all)")
+            f"{run.n_nonfinite} in all){hint}")
     if c.nonfinite_policy == "stop" or run.bad_in_row >= c.max_nonfinite:
         raise NonFiniteError(
             f"stopping at iter {run.iter_num}: {run.bad_in_row} non-finite step(s) in a row "

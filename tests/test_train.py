@@ -860,6 +860,16 @@ def test_nonfinite_skip(ds, tmp_path):
     assert ck["iter_num"] == 10 and ck["n_nonfinite"] == 2
     assert all(torch.isfinite(v).all() for v in ck["model"].values())
 
+def test_nonfinite_skip_names_the_step_dy_scale(ds, tmp_path, capsys):
+    """A skipped step under recipe_fp8_dy_scale=step says that dy may have outgrown its kept scale
+    and how to go back to the amax; other recipes' skips say nothing of it."""
+    fp8 = dict(recipe="mxfp4", recipe_fp8_gemm=True, gradient_accumulation_steps=2, max_iters=4,
+               debug_nan_at_iter=2, debug_nan_iters=1)
+    for how, named in (("step", True), ("amax", False)):
+        run(ds, tmp_path / how, recipe_fp8_dy_scale=how, **fp8)
+        skipped = [line for line in capsys.readouterr().out.splitlines() if "step skipped" in line]
+        assert len(skipped) == 1 and ("--recipe_fp8_dy_scale=amax" in skipped[0]) == named, skipped
+
 @pytest.mark.parametrize("policy, nan_iters", [("stop", 1), ("skip", 3)])
 def test_nonfinite_stop_keeps_last_good_checkpoint(ds, tmp_path, policy, nan_iters):
     with pytest.raises(train.NonFiniteError, match=r"stopping at iter \d+.*the last healthy "
