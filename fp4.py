@@ -552,13 +552,18 @@ def reset_step_state(state):
     state[0].zero_()
     state[1].fill_(1)
 
+def step_state_amax(state):
+    """The amax a step state keeps, as a 0-dim fp32 view of its first word."""
+    return state[:1].view(torch.float32)[0]
+
 def step_fp8_scale(state, x, fmt, fp8, rht=None):
-    """A step state's FP8 decode scale for x: where its flag is set, x's amax (a pass over x) is
-    kept and the flag cleared; else the kept amax serves, unread x. The scale is fp8_scale's for
-    the kept amax with FP8_STEP_ROOM binades of room above it."""
+    """A step state's FP8 decode scale for x: where its flag is set, x's amax is kept and the flag
+    cleared; else the kept amax serves (the kernels then skip the pass over x; here x is read
+    either way, so the flag is never read on the host). The scale is fp8_scale's for the kept
+    amax with FP8_STEP_ROOM binades of room above it."""
     fresh = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
-    kept = torch.where(state[1] != 0, fresh, state[:1].view(torch.float32)[0])
-    state[:1].view(torch.float32).copy_(kept.reshape(1))
+    kept = torch.where(state[1] != 0, fresh, step_state_amax(state))
+    step_state_amax(state).copy_(kept)
     state[1].zero_()
     return fp8_scale(kept, fmt, fp8, rht, room=FP8_STEP_ROOM)
 
