@@ -28,6 +28,14 @@
 #            unit scale) the same two ways (about 430 s on a warm H100)
 #   fp8_dy_step_window  dy's blocks out of the FP8 window in 21 steps of dense GPT-2 small (mxfp4,
 #            x at unit scale, telemetry at steps 0, 10 and 20), dy's scale per call and per step
+#   bars_dense, bars_moe, bars_wide  the issue's bars in one run per model: bf16, ufp4 (dense and
+#            MoE), and the fastest opt-in combinations on FP8 GEMMs (x at unit scale, dy's scale kept
+#            per step; the dense mxint4 also with Wgrad's x as FP8, the MoE with all three GEMMs
+#            fast, the wide model also with its weights cached packed); bars_dense first runs the
+#            GPU check of the step scale
+#   fp8_dy_step_long  dy's blocks out of the FP8 window over the 300-step small run at 4096 tokens
+#            a micro-step (4 micro-steps a step), dy's scale per call and per step, at once on one
+#            GPU (each cut at CUT seconds, default 280), and the steps each skipped
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
 #            and in chunks (the default), and bf16 in chunks of 2048
@@ -74,7 +82,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|fp8_weight_cache|fp8_dy_step|fp8_dy_step_window|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|fp8_weight_cache|fp8_dy_step|fp8_dy_step_window|bars_dense|bars_moe|bars_wide|fp8_dy_step_long|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -163,6 +171,29 @@ fp8_dy_step_window)
         train_run fp8_dy_window_$how 200 configs/gpu/gpt2_small_bf16.py --recipe=mxfp4 --$F \
             --recipe_fp8_x_scale=unit --recipe_fp8_dy_scale=$how --max_iters=21 --warmup_iters=1 \
             --telemetry_interval=10 --compile_mode=default --eval_interval=100000 --eval_iters=1
+    done ;;
+bars_dense)
+    timeout 100 python3 tests/gpu/check_kernels.py --quick --only="kept for the step" > "$OUT/check_dy_step.log" 2>&1
+    grep -h "^ok \|FAIL\|checks passed" "$OUT/check_dy_step.log"
+    U=recipe_fp8_x_scale=unit; S=recipe_fp8_dy_scale=step
+    one bars_dense 460 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,ufp4,mxfp4+$F+$U+$S,mxint4+$F+$U+$S,mxint4+$F+$U+$S+$X ;;
+bars_moe)
+    U=recipe_fp8_x_scale=unit; S=recipe_fp8_dy_scale=step; A=recipe_fp8_fast_accum=all
+    one bars_moe 560 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
+        --recipes=bf16,ufp4,mxfp4+$F+$U+$A+$S ;;
+bars_wide)
+    U=recipe_fp8_x_scale=unit; S=recipe_fp8_dy_scale=step
+    one bars_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
+        --recipes=bf16,mxfp4+$F+$U+$S,mxfp4+$F+$U+$S+recipe_fp8_weight_cache=packed ;;
+fp8_dy_step_long)
+    for how in amax step; do
+        train_run fp8_dy_long_$how "${CUT:-280}" $SMALL --batch_size=8 --gradient_accumulation_steps=4 \
+            --recipe=mxfp4 --$F --recipe_fp8_x_scale=unit --recipe_fp8_dy_scale=$how &
+    done
+    wait
+    for how in amax step; do
+        echo "$how: $(grep -c 'step skipped' "$OUT/fp8_dy_long_$how.log") steps skipped" | tee -a "$OUT/bench.log"
     done ;;
 loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1
@@ -254,6 +285,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, fp8_weight_cache, fp8_dy_step, fp8_dy_step_window, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, fp8_weight_cache, fp8_dy_step, fp8_dy_step_window, bars_dense, bars_moe, bars_wide, fp8_dy_step_long, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
