@@ -28,7 +28,7 @@
 #            unit scale) the same two ways (about 430 s on a warm H100)
 #   fp8_dy_step_window  dy's blocks out of the FP8 window in 21 steps of dense GPT-2 small (mxfp4,
 #            x at unit scale, telemetry at steps 0, 10 and 20), dy's scale per call and per step
-#   bars_dense, bars_moe, bars_wide  the bars in one run per model: bf16, ufp4 (dense and
+#   bars_dense, bars_moe, bars_wide  the speed bars (docs/performance.md) in one run per model: bf16, ufp4 (dense and
 #            MoE), and the fastest opt-in combinations on FP8 GEMMs (x at unit scale, dy's scale kept
 #            per step; the dense mxint4 also with Wgrad's x as FP8, the MoE with all three GEMMs
 #            fast, the wide model also with its weights cached packed); bars_dense first runs the
