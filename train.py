@@ -1232,7 +1232,7 @@ def skip_nonfinite_step(run, loss, grad_norm):
     run.record(dict(type="nonfinite", iter=run.iter_num, loss=loss, grad_norm=grad_norm))
     what = f"loss {loss}" if not math.isfinite(loss) else f"grad norm {grad_norm} (loss {loss:.4f})"
     hint = ""
-    if run.recipe.fp8_gemm and run.recipe.fp8_dy_scale == "step":
+    if run.recipe.fp8_dy_scale == "step":  # (make_recipe allows it on FP8 GEMMs only)
         hint = (" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from the "
                 "step's first, likelier with few tokens a micro-step; --recipe_fp8_dy_scale=amax finds "
                 "it in every call]")

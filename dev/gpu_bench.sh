@@ -113,6 +113,7 @@ quant_calls() {  # dev/quant_breakdown.py once per argument (its recipe and flag
     done
 }
 G="--compile=True --compile_mode=reduce-overhead"; F=recipe_fp8_gemm=True; X=recipe_fp8_wgrad_x=fp8
+U=recipe_fp8_x_scale=unit; A=recipe_fp8_fast_accum=all; S=recipe_fp8_dy_scale=step
 # the 300-step eager telemetry run of the small model (blocks out of the FP8 window)
 SMALL="configs/gpu/ablate_gpt.py --max_iters=300 --telemetry_interval=100 --eval_interval=300 --eval_iters=2"
 case $set_name in
@@ -141,13 +142,11 @@ fp8_unit_x_wide)
     one fp8_gemm_unit_x_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit ;;
 fp8_combo)
-    U=recipe_fp8_x_scale=unit
     one fp8_gemm_combo 400 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U,mxfp4+$F+$U+$X,mxint4+$F+$U,mxint4+$F+$U+$X
     one fp8_gemm_combo_defaults 190 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4,mxfp4+$F,mxfp4+$F+$U ;;
 fp8_combo_moe_wide)
-    U=recipe_fp8_x_scale=unit
     one fp8_gemm_combo_moe 280 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all,ufp4
     one fp8_gemm_combo_wide 280 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
@@ -155,13 +154,11 @@ fp8_combo_moe_wide)
 fp8_weight_cache)
     timeout 100 python3 tests/gpu/check_kernels.py --quick --only="cached weight" > "$OUT/check_cached.log" 2>&1
     grep -h "^ok \|FAIL\|checks passed" "$OUT/check_cached.log"
-    U=recipe_fp8_x_scale=unit
     one fp8_weight_cache_wide 340 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U,mxfp4+$F+$U+recipe_fp8_weight_cache=packed ;;
 fp8_dy_step)
     timeout 100 python3 tests/gpu/check_kernels.py --quick --only="kept for the step" > "$OUT/check_dy_step.log" 2>&1
     grep -h "^ok \|FAIL\|checks passed" "$OUT/check_dy_step.log"
-    U=recipe_fp8_x_scale=unit; A=recipe_fp8_fast_accum=all; S=recipe_fp8_dy_scale=step
     one fp8_dy_step_moe 260 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U+$A,mxfp4+$F+$U+$A+$S
     one fp8_dy_step_dense 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
@@ -175,15 +172,12 @@ fp8_dy_step_window)
 bars_dense)
     timeout 100 python3 tests/gpu/check_kernels.py --quick --only="kept for the step" > "$OUT/check_dy_step.log" 2>&1
     grep -h "^ok \|FAIL\|checks passed" "$OUT/check_dy_step.log"
-    U=recipe_fp8_x_scale=unit; S=recipe_fp8_dy_scale=step
     one bars_dense 460 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4,mxfp4+$F+$U+$S,mxint4+$F+$U+$S,mxint4+$F+$U+$S+$X ;;
 bars_moe)
-    U=recipe_fp8_x_scale=unit; S=recipe_fp8_dy_scale=step; A=recipe_fp8_fast_accum=all
     one bars_moe 560 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4,mxfp4+$F+$U+$A+$S ;;
 bars_wide)
-    U=recipe_fp8_x_scale=unit; S=recipe_fp8_dy_scale=step
     one bars_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U+$S,mxfp4+$F+$U+$S+recipe_fp8_weight_cache=packed ;;
 fp8_dy_step_long)
