@@ -71,6 +71,22 @@ def test_recipe_from_spec_applies_the_keys_after_plus(tmp_path):
     with pytest.raises(train.ConfigError, match="recipe: fp8_wgrad_x"):
         train.recipe_from_spec(str(cfg_file), "mxfp4+recipe_fp8_wgrad_x=fp8")
 
+CONFIG_FILES = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(os.path.join(ROOT, "configs"))
+                      for f in fs if f.endswith(".py") and not f.startswith("_"))
+
+@pytest.mark.parametrize("path", CONFIG_FILES)
+def test_every_config_file_loads_and_names_its_recipe(path):
+    """Every shipped config parses (no unknown key, every value in range) and makes its recipe;
+    one named <model>_<recipe>[_fp8].py trains that recipe, on FP8 GEMMs where it says _fp8."""
+    cfg = train.get_config([os.path.join(ROOT, path), "--device=cpu"])
+    recipe = train.make_recipe_from(cfg)
+    stem = os.path.basename(path)[:-3]
+    fp8 = stem.endswith("_fp8")
+    named = stem.removesuffix("_fp8").rsplit("_", 1)[-1]
+    if named in fp4.RECIPES:
+        assert cfg["recipe"] == named, f"{path} trains {cfg['recipe']!r}, its name says {named!r}"
+    assert recipe.fp8_gemm == fp8, f"{path}: recipe_fp8_gemm is {recipe.fp8_gemm}, its name says {fp8}"
+
 def test_every_recipe_override_has_a_config_key():
     """Each override fp4.make_recipe takes is a train.py key (None by default, typed in NULLABLE)
     that checkpoints carry (RECIPE_KEYS): a new Recipe field cannot be left unreachable from

@@ -1,0 +1,12 @@
+# configs/gpu/_gpt2_small.py in mxfp4 with its three GEMMs on the FP8 tensor cores, Fprop's x at
+# unit scale (no pass over x for its scale) and dy's scale kept for each optimizer step: 1.009x
+# bf16's speed at 0.82x of its peak memory on an H100 (results/bench/bars_h100.md). Each option
+# and what it costs (out-of-window blocks; with few tokens a micro-step, skipped steps):
+# docs/formats.md, FP8 GEMMs. FP8 GEMMs need compute capability 8.9+ (Ada, Hopper); on older
+# GPUs the same recipe runs its GEMMs in bf16.
+from configs.gpu._gpt2_small import *  # noqa: F401,F403
+
+recipe = "mxfp4"
+recipe_fp8_gemm = True
+recipe_fp8_x_scale = "unit"
+recipe_fp8_dy_scale = "step"
