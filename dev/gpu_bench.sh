@@ -35,7 +35,8 @@
 #            GPU check of the step scale
 #   fp8_dy_step_long  dy's blocks out of the FP8 window over the 300-step small run at 4096 tokens
 #            a micro-step (4 micro-steps a step), dy's scale per call and per step, at once on one
-#            GPU (each cut at CUT seconds, default 280), and the steps each skipped
+#            GPU (each cut at CUT seconds, default 280; SEED, default train.py's), and the steps
+#            each skipped (about 145 s on a warm H100)
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
 #            and in chunks (the default), and bf16 in chunks of 2048
@@ -182,7 +183,7 @@ bars_wide)
         --recipes=bf16,mxfp4+$F+$U+$S,mxfp4+$F+$U+$S+recipe_fp8_weight_cache=packed ;;
 fp8_dy_step_long)
     for how in amax step; do
-        train_run fp8_dy_long_$how "${CUT:-280}" $SMALL --batch_size=8 --gradient_accumulation_steps=4 \
+        train_run fp8_dy_long_$how "${CUT:-280}" $SMALL --batch_size=8 --gradient_accumulation_steps=4 ${SEED:+--seed=$SEED} \
             --recipe=mxfp4 --$F --recipe_fp8_x_scale=unit --recipe_fp8_dy_scale=$how &
     done
     wait
