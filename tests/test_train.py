@@ -77,13 +77,14 @@ CONFIG_FILES = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in 
 @pytest.mark.parametrize("path", CONFIG_FILES)
 def test_every_config_file_loads_and_names_its_recipe(path):
     """Every shipped config parses (no unknown key, every value in range) and makes its recipe;
-    one named <model>_<recipe>[_fp8].py trains that recipe, on FP8 GEMMs where it says _fp8."""
+    one named <model>_<recipe>[_fp8].py trains that recipe, on FP8 GEMMs where it says _fp8
+    (the ablation configs and shakespeare_char_gpt.py, which name no recipe, aside)."""
     cfg = train.get_config([os.path.join(ROOT, path), "--device=cpu"])
     recipe = train.make_recipe_from(cfg)
     stem = os.path.basename(path)[:-3]
     fp8 = stem.endswith("_fp8")
     named = stem.removesuffix("_fp8").rsplit("_", 1)[-1]
-    if named in fp4.RECIPES:
+    if "ablate" not in stem and stem != "shakespeare_char_gpt":
         assert cfg["recipe"] == named, f"{path} trains {cfg['recipe']!r}, its name says {named!r}"
     assert recipe.fp8_gemm == fp8, f"{path}: recipe_fp8_gemm is {recipe.fp8_gemm}, its name says {fp8}"
 

@@ -2,7 +2,7 @@
 # embeddings: 85M non-embedding parameters) on `literature` (GPT-2 BPE, 28M train tokens).
 # For one H200, or `torchrun --standalone --nproc_per_node=N train.py ...` with N in 1, 2, 4, 8:
 # gradient_accumulation_steps is global (divided among processes), so tokens/iter stay 131,072.
-# Each configs/gpu/gpt2_small_<recipe>.py only sets `recipe`.
+# Each configs/gpu/gpt2_small_<recipe>.py only sets `recipe` (the `_fp8` ones add FP8 GEMM options).
 out_dir = "out/gpt2_small_{recipe}{variant}"
 dataset = "literature"
 vocab_size = 50304           # GPT-2's 50257 padded to a multiple of 64
