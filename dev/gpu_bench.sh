@@ -28,11 +28,11 @@
 #            unit scale) the same two ways (about 430 s on a warm H100)
 #   fp8_dy_step_window  dy's blocks out of the FP8 window in 21 steps of dense GPT-2 small (mxfp4,
 #            x at unit scale, telemetry at steps 0, 10 and 20), dy's scale per call and per step
-#   bars_dense, bars_moe, bars_wide  the speed bars (docs/performance.md) in one run per model: bf16, ufp4 (dense and
-#            MoE), and the fastest opt-in combinations on FP8 GEMMs (x at unit scale, dy's scale kept
-#            per step; the dense mxint4 also with Wgrad's x as FP8, the MoE with all three GEMMs
-#            fast, the wide model also with its weights cached packed); bars_dense first runs the
-#            GPU check of the step scale
+#   bars_dense, bars_moe, bars_wide  the speed bars (docs/performance.md) in one run per model:
+#            bf16, ufp4 (dense and MoE), and the fastest opt-in combinations on FP8 GEMMs (x at
+#            unit scale, dy's scale kept per step; the dense mxint4 also with Wgrad's x as FP8, the
+#            MoE with all three GEMMs fast, the wide model also with its weights cached packed);
+#            bars_dense first runs the GPU check of the step scale
 #   fp8_dy_step_long  dy's blocks out of the FP8 window over the 300-step small run at 4096 tokens
 #            a micro-step (4 micro-steps a step), dy's scale per call and per step, at once on one
 #            GPU (each cut at CUT seconds, default 280; SEED, default train.py's), and the steps
@@ -134,14 +134,14 @@ fp8_unit_x)
     done
     grep -h "^ok \|FAIL\|checks passed" "$OUT/check_unit_x.log"
     one fp8_gemm_unit_x 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit
+        --recipes=bf16,mxfp4+$F,mxfp4+$F+$U
     one fp8_gemm_unit_x_moe 300 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit
+        --recipes=bf16,mxfp4+$F,mxfp4+$F+$U
     # x's blocks out of the unit scale's window in a real run (telemetry; as the checks set's)
-    train_run fp8_window_unit 240 $SMALL --recipe=mxint4 --$F --recipe_fp8_x_scale=unit ;;
+    train_run fp8_window_unit 240 $SMALL --recipe=mxint4 --$F --$U ;;
 fp8_unit_x_wide)
     one fp8_gemm_unit_x_wide 560 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F,mxfp4+$F+recipe_fp8_x_scale=unit ;;
+        --recipes=bf16,mxfp4+$F,mxfp4+$F+$U ;;
 fp8_combo)
     one fp8_gemm_combo 400 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U,mxfp4+$F+$U+$X,mxint4+$F+$U,mxint4+$F+$U+$X
@@ -149,7 +149,7 @@ fp8_combo)
         --recipes=bf16,ufp4,mxfp4+$F,mxfp4+$F+$U ;;
 fp8_combo_moe_wide)
     one fp8_gemm_combo_moe 280 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxfp4+$F+$U+recipe_fp8_fast_accum=all,ufp4
+        --recipes=bf16,mxfp4+$F+$U+$A,ufp4
     one fp8_gemm_combo_wide 280 configs/gpu/wide_gpt_bf16.py --warmup=3 --iters=4 --rounds=2 $G \
         --recipes=bf16,mxfp4+$F+$U ;;
 fp8_weight_cache)
@@ -167,7 +167,7 @@ fp8_dy_step)
 fp8_dy_step_window)
     for how in amax step; do
         train_run fp8_dy_window_$how 200 configs/gpu/gpt2_small_bf16.py --recipe=mxfp4 --$F \
-            --recipe_fp8_x_scale=unit --recipe_fp8_dy_scale=$how --max_iters=21 --warmup_iters=1 \
+            --$U --recipe_fp8_dy_scale=$how --max_iters=21 --warmup_iters=1 \
             --telemetry_interval=10 --compile_mode=default --eval_interval=100000 --eval_iters=1
     done ;;
 bars_dense)
@@ -184,7 +184,7 @@ bars_wide)
 fp8_dy_step_long)
     for how in amax step; do
         train_run fp8_dy_long_$how "${CUT:-280}" $SMALL --batch_size=8 --gradient_accumulation_steps=4 ${SEED:+--seed=$SEED} \
-            --recipe=mxfp4 --$F --recipe_fp8_x_scale=unit --recipe_fp8_dy_scale=$how &
+            --recipe=mxfp4 --$F --$U --recipe_fp8_dy_scale=$how &
     done
     wait
     for how in amax step; do
@@ -229,14 +229,14 @@ quant_bound_moe)
     one quant_bound_moe 400 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4,mxfp4+$F ;;
 fp8_window_unit)
-    W="--recipe=mxfp4 --$F --recipe_fp8_x_scale=unit"
+    W="--recipe=mxfp4 --$F --$U"
     train_run fp8_window_unit_mxfp4 "${CUT:-240}" $SMALL $W &
     train_run fp8_window_unit_gpt2 "${CUT:-240}" configs/gpu/gpt2_small_bf16.py $W --compile_mode=default \
         --max_iters=250 --telemetry_interval=50 --eval_interval=250 --eval_iters=2
     wait ;;
 fp8_unit_x_mxint4)
     one fp8_gemm_unit_x_mxint4 300 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,mxint4+$F,mxint4+$F+recipe_fp8_x_scale=unit ;;
+        --recipes=bf16,mxint4+$F,mxint4+$F+$U ;;
 fp8_e8m0)
     one fp8_gemm_int4_16_e8m0 420 configs/gpu/gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
         --recipes=bf16,ufp4+recipe_format=int4/16/e8m0+$F,mxint4+$F ;;
@@ -259,7 +259,7 @@ fp8_moe_wide)
         --recipes=bf16,mxfp4+$F ;;
 fp8_moe)
     one fp8_gemm_moe 580 configs/gpu/moe_gpt2_small_bf16.py --warmup=5 --iters=8 --rounds=2 $G \
-        --recipes=bf16,ufp4,mxfp4+$F,mxint4+$F,mxfp4+$F+recipe_fp8_fast_accum=all ;;
+        --recipes=bf16,ufp4,mxfp4+$F,mxint4+$F,mxfp4+$F+$A ;;
 checks)
     timeout 300 python3 tests/gpu/check_compile.py > "$OUT/check_compile.log" 2>&1
     grep -h "FAIL\|ALL PASS\|FAILED" "$OUT/check_compile.log"
