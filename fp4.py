@@ -523,8 +523,8 @@ FP8_UNIT_X = (E5M2, 1.0)
 # dy under Recipe.fp8_dy_scale "step": its FP8 scale comes from one pass over the first micro-step's
 # dy after each optimizer step (a step state, new_step_state), with this many binades of room above
 # it for the larger values of the step's later micro-steps (at 4096 tokens a micro-step the 8 x 384
-# ablation model's rose by more than 5 in warm-up: docs/formats.md); a block past that room is NaN
-# (a skipped step, never clipped), and the window's bottom rises by as much
+# ablation model's rose by more than 6 in warm-up at one seed of four: docs/formats.md); a block past
+# that room is NaN (a skipped step, never clipped), and the window's bottom rises by as much
 FP8_STEP_ROOM = 6
 
 def fp8_bound(rht):
