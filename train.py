@@ -1234,8 +1234,8 @@ def skip_nonfinite_step(run, loss, grad_norm):
     hint = ""
     if run.recipe.fp8_dy_scale == "step":  # (make_recipe allows it on FP8 GEMMs only)
         hint = (" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from the "
-                "step's first, likelier with few tokens a micro-step; --recipe_fp8_dy_scale=amax finds "
-                "it in every call]")
+                "step's first (seen in warm-up; likelier with few tokens a micro-step); "
+                "--recipe_fp8_dy_scale=amax finds it in every call]")
     run.log(f"iter {run.iter_num}: non-finite {what}: step skipped ({run.bad_in_row} in a row, "
             f"{run.n_nonfinite} in all){hint}")
     if c.nonfinite_policy == "stop" or run.bad_in_row >= c.max_nonfinite:
