@@ -37,6 +37,9 @@
 #            a micro-step (4 micro-steps a step), dy's scale per call and per step, at once on one
 #            GPU (each cut at CUT seconds, default 280; SEED, default train.py's), and the steps
 #            each skipped (about 145 s on a warm H100)
+#   fp8_dy_step_rooms  the same run with dy's scale per step at each room of ROOMS (default "4 6
+#            8"; fp4.FP8_STEP_ROOM set in a copy of the tree under /tmp) at once, and the steps each
+#            skipped (SEED and CUT as above; about 140 s for 4 rooms on a warm H100)
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
 #            and in chunks (the default), and bf16 in chunks of 2048
@@ -83,7 +86,7 @@
 # another in one process ran up to 4.7 % slower, results/bench/order_effect.md); each set is
 # meant for one device call (at most 10 minutes; in two rounds, a call with three dense recipes
 # and a short probe took 164 s, one with the wide pair at --iters=4 and a probe 325 s).
-# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|fp8_weight_cache|fp8_dy_step|fp8_dy_step_window|bars_dense|bars_moe|bars_wide|fp8_dy_step_long|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
+# Usage: OUT=results/bench bash dev/gpu_bench.sh [recipes|fp8|fp8_unit_x|fp8_unit_x_wide|fp8_unit_x_mxint4|fp8_combo|fp8_combo_moe_wide|fp8_weight_cache|fp8_dy_step|fp8_dy_step_window|bars_dense|bars_moe|bars_wide|fp8_dy_step_long|fp8_dy_step_rooms|loss_chunk|loss_chunk_recipes|loss_chunk_moe|loss_chunk_pairs|quant_bound|quant_bound_bench|quant_bound_moe|fp8_window_unit|fp8_e8m0|fp8_wide|fp8_medium|fp8_large|fp8_moe_large|fp8_moe_wide|fp8_moe|checks|memory|kernels]
 #   (needs data/shakespeare (recipes) or data/literature (fp8) prepared: no network there)
 set -uo pipefail
 set_name=${1:-recipes}
@@ -190,6 +193,21 @@ fp8_dy_step_long)
     for how in amax step; do
         echo "$how: $(grep -c 'step skipped' "$OUT/fp8_dy_long_$how.log") steps skipped" | tee -a "$OUT/bench.log"
     done ;;
+fp8_dy_step_rooms)
+    out_abs=$(cd "$OUT" && pwd); here=$PWD
+    for room in ${ROOMS:-4 6 8}; do
+        copy=/tmp/nanofp4_room$room; rm -rf "$copy"; mkdir -p "$copy"
+        cp -r ./*.py configs "$copy"/; ln -s "$here/data" "$copy/data"
+        sed -i "s/^FP8_STEP_ROOM = [0-9]*$/FP8_STEP_ROOM = $room/" "$copy/fp4.py"
+        (cd "$copy" && OUT=$out_abs train_run fp8_dy_room$room "${CUT:-280}" $SMALL --batch_size=8 \
+            --gradient_accumulation_steps=4 ${SEED:+--seed=$SEED} --recipe=mxfp4 --$F --$U --$S) &
+    done
+    wait
+    for room in ${ROOMS:-4 6 8}; do
+        echo "room $room ($(grep '^FP8_STEP_ROOM' "/tmp/nanofp4_room$room/fp4.py")): $(grep -c 'step skipped' \
+            "$OUT/fp8_dy_room$room.log") steps skipped $(grep -o '^iter [0-9]*: non-finite' "$OUT/fp8_dy_room$room.log" \
+            | cut -d: -f1 | tr '\n' ' ')" | tee -a "$OUT/bench.log"
+    done ;;
 loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1
     tail -4 "$OUT/check_loss.log"
@@ -280,6 +298,6 @@ kernels)
         cat out/check_${size}_[0-3].log > "$OUT/check_$size.log"
         grep -h "^\[part\|^FAIL" "$OUT/check_$size.log" | tee -a "$OUT/bench.log"
     done ;;
-*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, fp8_weight_cache, fp8_dy_step, fp8_dy_step_window, bars_dense, bars_moe, bars_wide, fp8_dy_step_long, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
+*) echo "unknown set $set_name: recipes, fp8, fp8_unit_x, fp8_unit_x_wide, fp8_unit_x_mxint4, fp8_combo, fp8_combo_moe_wide, fp8_weight_cache, fp8_dy_step, fp8_dy_step_window, bars_dense, bars_moe, bars_wide, fp8_dy_step_long, fp8_dy_step_rooms, loss_chunk, loss_chunk_recipes, loss_chunk_moe, loss_chunk_pairs, fp8_window_unit, fp8_e8m0, fp8_wide, fp8_medium, fp8_large, fp8_moe_large, fp8_moe_wide, fp8_moe, checks, memory or kernels"; exit 2 ;;
 esac
 cat "$OUT/bench.log"
