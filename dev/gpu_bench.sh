@@ -120,6 +120,11 @@ G="--compile=True --compile_mode=reduce-overhead"; F=recipe_fp8_gemm=True; X=rec
 U=recipe_fp8_x_scale=unit; A=recipe_fp8_fast_accum=all; S=recipe_fp8_dy_scale=step
 # the 300-step eager telemetry run of the small model (blocks out of the FP8 window)
 SMALL="configs/gpu/ablate_gpt.py --max_iters=300 --telemetry_interval=100 --eval_interval=300 --eval_iters=2"
+# that run at 4096 tokens a micro-step (4 micro-steps a step), mxfp4 on FP8 GEMMs with x at unit scale
+LONG="$SMALL --batch_size=8 --gradient_accumulation_steps=4 ${SEED:+--seed=$SEED} --recipe=mxfp4 --$F --$U"
+skipped() {  # a train_run log -> how many steps it skipped, and at which iters
+    echo "$(grep -c 'step skipped' "$1") steps skipped $(grep -o '^iter [0-9]*: non-finite' "$1" | cut -d: -f1 | tr '\n' ' ')"
+}
 case $set_name in
 recipes)
     B="--dataset=shakespeare --warmup=5 --iters=10"
@@ -186,27 +191,24 @@ bars_wide)
         --recipes=bf16,mxfp4+$F+$U+$S,mxfp4+$F+$U+$S+recipe_fp8_weight_cache=packed ;;
 fp8_dy_step_long)
     for how in amax step; do
-        train_run fp8_dy_long_$how "${CUT:-280}" $SMALL --batch_size=8 --gradient_accumulation_steps=4 ${SEED:+--seed=$SEED} \
-            --recipe=mxfp4 --$F --$U --recipe_fp8_dy_scale=$how &
+        train_run fp8_dy_long_$how "${CUT:-280}" $LONG --recipe_fp8_dy_scale=$how &
     done
     wait
     for how in amax step; do
-        echo "$how: $(grep -c 'step skipped' "$OUT/fp8_dy_long_$how.log") steps skipped" | tee -a "$OUT/bench.log"
+        echo "$how: $(skipped "$OUT/fp8_dy_long_$how.log")" | tee -a "$OUT/bench.log"
     done ;;
 fp8_dy_step_rooms)
-    out_abs=$(cd "$OUT" && pwd); here=$PWD
-    for room in ${ROOMS:-4 6 8}; do
+    out_abs=$(cd "$OUT" && pwd); here=$PWD; rooms=${ROOMS:-4 6 8}
+    for room in $rooms; do
         copy=/tmp/nanofp4_room$room; rm -rf "$copy"; mkdir -p "$copy"
         cp -r ./*.py configs "$copy"/; ln -s "$here/data" "$copy/data"
         sed -i "s/^FP8_STEP_ROOM = [0-9]*$/FP8_STEP_ROOM = $room/" "$copy/fp4.py"
-        (cd "$copy" && OUT=$out_abs train_run fp8_dy_room$room "${CUT:-280}" $SMALL --batch_size=8 \
-            --gradient_accumulation_steps=4 ${SEED:+--seed=$SEED} --recipe=mxfp4 --$F --$U --$S) &
+        (cd "$copy" && OUT=$out_abs train_run fp8_dy_room$room "${CUT:-280}" $LONG --$S) &
     done
     wait
-    for room in ${ROOMS:-4 6 8}; do
-        echo "room $room ($(grep '^FP8_STEP_ROOM' "/tmp/nanofp4_room$room/fp4.py")): $(grep -c 'step skipped' \
-            "$OUT/fp8_dy_room$room.log") steps skipped $(grep -o '^iter [0-9]*: non-finite' "$OUT/fp8_dy_room$room.log" \
-            | cut -d: -f1 | tr '\n' ' ')" | tee -a "$OUT/bench.log"
+    for room in $rooms; do
+        echo "room $room ($(grep '^FP8_STEP_ROOM' "/tmp/nanofp4_room$room/fp4.py")): $(skipped "$OUT/fp8_dy_room$room.log")" \
+            | tee -a "$OUT/bench.log"
     done ;;
 loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1
