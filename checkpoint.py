@@ -32,7 +32,7 @@ RECIPE_KEYS = dict(recipe_format="fmt", recipe_rht="rht", recipe_sr_dy="sr_dy",
                    recipe_fp8_gemm="fp8_gemm", recipe_fp8_fast_accum="fp8_fast_accum",
                    recipe_fp8_wgrad_x="fp8_wgrad_x", recipe_fp8_x_scale="fp8_x_scale",
                    recipe_fp8_weight_cache="fp8_weight_cache",
-                   recipe_fp8_dy_scale="fp8_dy_scale")
+                   recipe_fp8_dy_scale="fp8_dy_scale", recipe_fp8_step_room="fp8_step_room")
 
 
 class CheckpointError(RuntimeError):

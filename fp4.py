@@ -433,7 +433,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     if kernels:
         return kernels.quantize_both(x, fmt, fmt_col, rounding, rounding_col, rht, rht_col, seed,
                                      seed_col, (pr, pc), dtype, fp8, fp8_scale)
-    f8r, f8c, s_row, s_col = check_fp8_sides(fmt, fmt_col, pr, pc, fp8, fp8_scale)
+    f8r, f8c, s_row, s_col = check_fp8_sides(fmt, fmt_col, pr, pc, fp8, fp8_scale, (rht, rht_col))
     out = []
     for f, d, r, h, s, p, f8, f8s in ((fmt, 1, rounding, rht, seed, pr, f8r, s_row),
                                       (fmt_col, 0, rounding_col or rounding, rht_col, seed_col, pc,
@@ -521,10 +521,11 @@ FP8_MIN_EXP = -126  # the decode scale stays a normal fp32 number
 # from about 6e-5 to just under 2^16); a block above is NaN (a non-finite loss, never clipped)
 FP8_UNIT_X = (E5M2, 1.0)
 # dy under Recipe.fp8_dy_scale "step": its FP8 scale comes from one pass over the first micro-step's
-# dy after each optimizer step (a step state, new_step_state), with this many binades of room above
-# it for the larger values of the step's later micro-steps (at 4096 tokens a micro-step the 8 x 384
-# ablation model's rose by more than 6 in warm-up at one seed of four: docs/formats.md); a block past
-# that room is NaN (a skipped step, never clipped), and the window's bottom rises by as much
+# dy after each optimizer step (a step state, new_step_state), with Recipe.fp8_step_room binades of
+# room above it for the larger values of the step's later micro-steps (at 4096 tokens a micro-step
+# the 8 x 384 ablation model's rose by more than 6 in warm-up at one seed of four: docs/formats.md);
+# a block past that room is NaN (a skipped step, never clipped), and the window's bottom rises by as
+# much. The default room (max_step_room: the most)
 FP8_STEP_ROOM = 6
 
 def fp8_bound(rht):
@@ -556,19 +557,26 @@ def step_state_amax(state):
     """The amax a step state keeps, as a 0-dim fp32 view of its first word."""
     return state[:1].view(torch.float32)[0]
 
-def step_fp8_scale(state, x, fmt, fp8, rht=None):
+def step_fp8_scale(state, x, fmt, fp8, rht=None, room=FP8_STEP_ROOM):
     """A step state's FP8 decode scale for x: where its flag is set, x's amax is kept and the flag
     cleared; else the kept amax serves (the kernels then skip the pass over x; here x is read
     either way, so the flag is never read on the host). The scale is fp8_scale's for the kept
-    amax with FP8_STEP_ROOM binades of room above it."""
+    amax with `room` binades of room above it."""
     fresh = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
     kept = torch.where(state[1] != 0, fresh, step_state_amax(state))
     step_state_amax(state).copy_(kept)
     state[1].zero_()
-    return fp8_scale(kept, fmt, fp8, rht, room=FP8_STEP_ROOM)
+    return fp8_scale(kept, fmt, fp8, rht, room=room)
+
+@dataclass(frozen=True, eq=False)
+class StepScale:
+    """to_fp8's scale kept for an optimizer step: a step state (new_step_state), which the calls
+    read and write in place, and the binades of room above its amax (Recipe.fp8_step_room)."""
+    state: torch.Tensor
+    room: int = FP8_STEP_ROOM
 
 def is_step_state(scale):
-    return isinstance(scale, torch.Tensor)
+    return isinstance(scale, StepScale)
 
 def _fp8_scale_above(top, fp8, bound=0):
     """2^(log2 top + bound - FP8_ROOM[fp8]) for the largest block scale `top` (a power of two),
@@ -587,20 +595,20 @@ def check_fp8(fmt, fp8):
         raise ValueError(f"fp8 must be torch.float8_e4m3fn or torch.float8_e5m2, got {fp8}")
     return fmt
 
-def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8, fp8_scale=None):
+def check_fp8_sides(fmt, fmt_col, packed, packed_col, fp8, fp8_scale=None, rhts=(None, None)):
     """quantize_both's fp8 argument (None, an FP8 dtype for both sides, or one dtype or None per
-    side) and fp8_scale (to_fp8's scale: one for both, or one per side) checked: -> (row dtype,
-    col dtype, row scale, col scale)."""
+    side) and fp8_scale (to_fp8's scale: one for both, or one per side; rhts: each side's RHT)
+    checked: -> (row dtype, col dtype, row scale, col scale)."""
     f8r, f8c = _per_side(fp8, torch.dtype, "fp8")
-    s_row, s_col = _per_side(fp8_scale, (int, float, torch.Tensor), "fp8_scale")
-    for f, p, f8, s in ((fmt, packed, f8r, s_row), (fmt_col, packed_col, f8c, s_col)):
+    s_row, s_col = _per_side(fp8_scale, (int, float, torch.Tensor, StepScale), "fp8_scale")
+    for f, p, f8, s, h in ((fmt, packed, f8r, s_row, rhts[0]), (fmt_col, packed_col, f8c, s_col, rhts[1])):
         if f8 and p:
             raise ValueError("a side is either packed or FP8, not both")
         if f8:
             check_fp8(f, f8)
         if s is not None and not f8:
             raise ValueError(f"fp8_scale {s!r} is given for a side that is not FP8: give its fp8 dtype")
-        check_fp8_given_scale(s)
+        check_fp8_given_scale(s, f8, h)
     return f8r, f8c, s_row, s_col
 
 def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, scale=None):
@@ -609,13 +617,13 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, scale
     it), and the fp32 decode scale (fp8_scale). values.float() * scale equals fake_quant(x, ...)
     bit for bit except in blocks more than the FP8 window below the scale's bound
     (fp8_inexact_blocks). scale: a given power-of-two decode scale instead of fp8_scale's (no
-    pass over x for its amax), or a step state (new_step_state: step_fp8_scale's scale, a pass
-    over x only where its flag asks); a block whose scale is above that window (values past the
+    pass over x for its amax), or a StepScale (step_fp8_scale's scale, a pass over x only where
+    its state's flag asks); a block whose scale is above that window (values past the
     FP8 maximum) is NaN, never clipped."""
     fmt = check_fp8(fmt, fp8)
     dim = blocked_dim(x, dim)
     check_blockable(x, fmt, dim, rht)
-    check_fp8_given_scale(scale)
+    check_fp8_given_scale(scale, fp8, rht)
     kernels = kernels_for(x)
     if kernels:
         return kernels.to_fp8(x, fmt, dim=dim, rounding=rounding, rht=rht, seed=seed, fp8=fp8,
@@ -625,25 +633,46 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=E4M3, scale
     if scale is None:
         scale = fp8_scale(x.abs().amax() if x.numel() else x.new_zeros(()), fmt, fp8, rht)
     else:
-        scale = (step_fp8_scale(scale, x, fmt, fp8, rht) if is_step_state(scale)
+        scale = (step_fp8_scale(scale.state, x, fmt, fp8, rht, scale.room) if is_step_state(scale)
                  else x.new_tensor(scale, dtype=torch.float32))
         over = (q.scales.float() > scale * 2.0 ** FP8_ROOM[fp8]).repeat_interleave(fmt.block, -1)
         values = values.masked_fill(over, float("nan"))
     return (values / scale).to(fp8).movedim(-1, dim), scale
 
-def check_fp8_given_scale(scale):
-    """to_fp8's scale: None, a step state (new_step_state), or a power of two (a Python float)
-    that fp32 holds with its inverse (both normal: the kernels take the inverse as a constant)."""
+def check_fp8_given_scale(scale, fp8, rht=None):
+    """to_fp8's scale: None, a StepScale (e5m2 only: its window has the room), or a power of two
+    (a Python float) that fp32 holds with its inverse (both normal: the kernels take the inverse
+    as a constant)."""
+    if isinstance(scale, torch.Tensor):
+        raise ValueError("a step state goes to to_fp8 as StepScale(state, room), not bare")
     if is_step_state(scale):
-        if scale.dtype != torch.int32 or scale.shape != (2,) or not scale.is_contiguous():
+        state = scale.state
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.int32 or state.shape != (2,) \
+                or not state.is_contiguous():
             raise ValueError(f"an FP8 step state is new_step_state's int32 tensor of shape (2,), got "
-                             f"{scale.dtype} of shape {tuple(scale.shape)}")
+                             f"{getattr(state, 'dtype', type(state).__name__)} of shape "
+                             f"{tuple(getattr(state, 'shape', ()))}")
+        check_step_room(scale.room, rht)
+        if fp8 != E5M2:
+            raise ValueError(f"a StepScale is for e5m2 operands (dy), whose window has its room; got {fp8}")
         return
     if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
                                   and 0 < scale < math.inf and math.frexp(scale)[0] == 0.5
                                   and 2.0 ** FP8_MIN_EXP <= scale <= 2.0 ** -FP8_MIN_EXP):
-        raise ValueError(f"an FP8 decode scale must be None (from the tensor's amax), a step state or "
+        raise ValueError(f"an FP8 decode scale must be None (from the tensor's amax), a StepScale or "
                          f"a power of two from 2^{FP8_MIN_EXP} to 2^{-FP8_MIN_EXP}, got {scale!r}")
+
+def max_step_room(rht=None):
+    """The most room a step scale may keep above its amax: e5m2's FP8_ROOM less the RHT's bound,
+    less the one binade of window the kernels need above the scale."""
+    return FP8_ROOM[E5M2] - fp8_bound(rht) - 1
+
+def check_step_room(room, rht=None):
+    top = max_step_room(rht)
+    if not (isinstance(room, int) and not isinstance(room, bool) and 0 <= room <= top):
+        raise ValueError(f"fp8_step_room must be an int from 0 to {top} (binades of room above the "
+                         f"step's kept amax in dy's e5m2 window{f', with RHT {rht}' if rht else ''}), "
+                         f"got {room!r}")
 
 def fp8_from_packed(q, fp8=E4M3, top=None):
     """A QTensor of power-of-two block scales as FP8 (values, scale), laid out as to_fp8 lays
@@ -738,8 +767,10 @@ class Recipe:
                                    # steps: "fp8" (a byte an element each) or "packed" (about half: made
                                    # FP8 in every call, fp8_from_packed; less memory, a little slower)
     fp8_dy_scale: str = "amax"     # dy on FP8 GEMMs: "amax" (a pass over dy in every call) or "step" (the
-                                   # pass once per optimizer step, FP8_STEP_ROOM binades of room above it:
+                                   # pass once per optimizer step, fp8_step_room binades of room above it:
                                    # faster; a layer's state resets in cache_weights)
+    fp8_step_room: int = FP8_STEP_ROOM  # under "step": more room skips fewer steps, flushes more of
+                                   # dy's small blocks (docs/formats.md)
 
     def __post_init__(self):  # a Recipe built directly (not by make_recipe) is checked too
         _check_types(self, Gemm, *GEMMS)
@@ -759,6 +790,7 @@ class Recipe:
             raise ValueError(f"fp8_dy_scale must be 'amax' (e5m2 scaled by dy's amax in every call) or "
                              f"'step' (by the amax of its first call after each optimizer step), got "
                              f"{self.fp8_dy_scale!r}")
+        check_step_room(self.fp8_step_room, self.rht_size)
         if self.fp8_x_scale not in ("amax", "unit"):
             raise ValueError(f"fp8_x_scale must be 'amax' (e4m3 scaled by x's amax) or 'unit' (e5m2 "
                              f"at scale 1), got {self.fp8_x_scale!r}")
@@ -806,7 +838,7 @@ def _gemm_names(value, key):
 
 def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=None,
                 bf16_first=None, bf16_last=None, fp8_gemm=None, fp8_fast_accum=None, fp8_wgrad_x=None,
-                fp8_x_scale=None, fp8_weight_cache=None, fp8_dy_scale=None):
+                fp8_x_scale=None, fp8_weight_cache=None, fp8_dy_scale=None, fp8_step_room=None):
     """A preset, with ablation overrides (None keeps the preset's choice):
     fmt: a format for all three GEMMs (name or 'grid/block/scale'); rht: 'all', 'none' or a
     list of GEMMs ('fprop,wgrad' or 'fprop/wgrad'); sr_dy: stochastic rounding on dy in Dgrad
@@ -815,7 +847,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     'packed' or 'fp8', how an FP8-GEMM layer keeps Wgrad's x from forward to backward;
     fp8_x_scale: 'amax' or 'unit', how it scales Fprop's x (Recipe.fp8_x_scale); fp8_weight_cache:
     'fp8' or 'packed', how it keeps its cached weight operands (Recipe.fp8_weight_cache);
-    fp8_dy_scale: 'amax' or 'step', how often dy's FP8 scale is found (Recipe.fp8_dy_scale)."""
+    fp8_dy_scale: 'amax' or 'step', how often dy's FP8 scale is found (Recipe.fp8_dy_scale);
+    fp8_step_room: the binades of room above the amax kept under 'step' (Recipe.fp8_step_room)."""
     if isinstance(name, Recipe):
         r = name
     elif name in RECIPES:
@@ -844,7 +877,8 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
     for k, v in dict(rht_size=rht_size, weight_2d=weight_2d, bf16_first=bf16_first,
                      bf16_last=bf16_last, fp8_gemm=fp8_gemm, fp8_fast_accum=fast,
                      fp8_wgrad_x=fp8_wgrad_x, fp8_x_scale=fp8_x_scale,
-                     fp8_weight_cache=fp8_weight_cache, fp8_dy_scale=fp8_dy_scale).items():
+                     fp8_weight_cache=fp8_weight_cache, fp8_dy_scale=fp8_dy_scale,
+                     fp8_step_room=fp8_step_room).items():
         if v is not None:
             changes[k] = v
     if bf16_last is not None:
@@ -868,6 +902,9 @@ def make_recipe(name, fmt=None, rht=None, sr_dy=None, rht_size=None, weight_2d=N
         if asks_fp8 and not out.fp8_gemm:
             raise ValueError(f"{key}={value!r} only changes FP8 GEMMs: add fp8_gemm=True "
                              f"(recipe_fp8_gemm), or leave {key} out")
+    if fp8_step_room is not None and fp8_step_room != r.fp8_step_room and out.fp8_dy_scale != "step":
+        raise ValueError(f"fp8_step_room={fp8_step_room!r} only changes dy's scale kept per step: add "
+                         f"fp8_dy_scale='step' (recipe_fp8_dy_scale), or leave fp8_step_room out")
     return r if out == r else replace(out, name=r.name + "*")  # '*' marks a modified preset in logs
 
 def check_dims(recipe, *dims):
@@ -1179,7 +1216,7 @@ def _backward(dy, weight, counts, x_or_q, recipe, dtype, x_dtype, tag, seeds, ne
     op = _operands(recipe, seeds)
     e4, e5 = (E4M3, E5M2) if fp8 else (None, None)
     if fp8 and dy_state is not None:
-        e5 = (E5M2, dy_state)
+        e5 = (E5M2, StepScale(dy_state, recipe.fp8_step_room))
     dy = dy.contiguous()
     dx = dw = dyq_w = None
     if need_dx and need_dw and _unpadded(dy, counts, recipe, dtype, aligned):

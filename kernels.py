@@ -922,7 +922,7 @@ def _quant_kernel(x_ptr, M,
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
     read of the tile comes from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a
     pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh.
-    FP8 (a side's FP8_ROOM less fp4.fp8_bound of its RHT, at least 2; 0: off): the fake values
+    FP8 (a side's FP8_ROOM less fp4.fp8_bound of its RHT and a step scale's room, at least 1; 0: off): the fake values
     divided by the tensor's power-of-two scale (_fp8_inv, stored in the side's senc) in the
     output's FP8 dtype; the column side then writes them transposed ([A, N, M]: the blocked dim
     contiguous, as the FP8 GEMM wants). FIX: a given decode scale's inverse (fp4.to_fp8's scale;
@@ -1184,8 +1184,8 @@ def _amax_meta(sides, groups, plain, BM, BN, tiles, even, mode, nw):
 @functools.lru_cache(maxsize=None)
 def _quant_meta(row_sig, col_sig, N, BM, BN, even, mode, rounds, nw, rbits):
     """_quant_kernel's constexprs for one launch signature (a side's signature: format, rounding,
-    RHT, seed in memory, packed, FP8 dtype, given FP8 scale or "step"; None when off), and the same as the
-    launch cache's key: built once, not per call."""
+    RHT, seed in memory, packed, FP8 dtype, given FP8 scale or ("step", its room); None when off),
+    and the same as the launch cache's key: built once, not per call."""
     if rbits not in fp4.SR_BITS_CHOICES:
         raise ValueError(f"kernels.SR_BITS is {rbits!r}: stochastic rounding draws "
                          f"{' or '.join(map(str, fp4.SR_BITS_CHOICES))} random bits per element")
@@ -1195,9 +1195,9 @@ def _quant_meta(row_sig, col_sig, N, BM, BN, even, mode, rounds, nw, rbits):
             meta.update(_off_meta(p))
         else:
             fmt, rounding, rht, seed_ptr, packed, fp8, fp8_scale = sig
-            step = fp8 and fp8_scale == "step"   # a step state: its kept amax, with room above
+            step = fp8 and isinstance(fp8_scale, tuple)   # a step state: its kept amax, with room above
             fixed = fp8 and fp8_scale is not None and not step
-            room = fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) - (fp4.FP8_STEP_ROOM if step else 0) if fp8 else 0
+            room = fp4.FP8_ROOM[fp8] - fp4.fp8_bound(rht) - (fp8_scale[1] if step else 0) if fp8 else 0
             meta.update(_side_meta(fmt, rounding, rht, p))
             meta.update({p + "SEEDPTR": seed_ptr, p + "PACKED": packed, p + "FAKE": not packed,
                          p + "FP8": room, p + "FIX": 1.0 / fp8_scale if fixed else 0.0,
@@ -1262,9 +1262,9 @@ def _run(x3, row, col, out_dtype, cfg=None):
         amax = _flat_amax(x3)
         amaxes.update({s: amax for s in fp8})
     for s in step:  # one pass per state, where its flag asks (a pair shares its state)
-        if not any(amaxes.get(o) is s.fp8_scale for o in step):
-            _flat_amax(x3, state=s.fp8_scale)
-        amaxes[s] = s.fp8_scale
+        if not any(amaxes.get(o) is s.fp8_scale.state for o in step):
+            _flat_amax(x3, state=s.fp8_scale.state)
+        amaxes[s] = s.fp8_scale.state
     args = []
     for side, col_side in ((row, False), (col, True)):
         if side is None:
@@ -1289,7 +1289,8 @@ def _run(x3, row, col, out_dtype, cfg=None):
         if side.s_enc is not None and not M * N * A:  # no program runs to write it: an empty
             # tensor's scale is 1 (NVFP4's s_enc as for an all-zero tensor; FP8's), the given one,
             # or the step state's (which the reference updates as for any call)
-            side.s_enc = (fp4.step_fp8_scale(side.fp8_scale, x3, side.fmt, side.fp8, side.rht)
+            side.s_enc = (fp4.step_fp8_scale(side.fp8_scale.state, x3, side.fmt, side.fp8, side.rht,
+                                             side.fp8_scale.room)
                           if side in step else
                           torch.full((), side.fp8_scale if fixed else 1.0, device=dev, dtype=torch.float32))
         args += [dummy if side.packed else side.fake, side.codes if side.packed else dummy,
@@ -1299,7 +1300,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
     grid = (_cdiv(M, BM), _cdiv(N, BN), A)
     if M * N * A:
         sig = lambda s: s and (s.fmt, s.rounding, s.rht, isinstance(s.seed, torch.Tensor), s.packed, s.fp8,  # noqa: E731
-                               "step" if s in step else s.fp8_scale)
+                               ("step", s.fp8_scale.room) if s in step else s.fp8_scale)
         meta, meta_key = _quant_meta(sig(row), sig(col), N, BM, BN, M % BM == 0 and N % BN == 0,
                                      mode, PHILOX_ROUNDS, nw, SR_BITS)
         _launch(_quant_kernel, grid, (x3, M, *args), meta, meta_key)
@@ -1377,7 +1378,7 @@ def to_fp8(x, fmt, dim=-1, rounding="rtne", rht=None, seed=None, fp8=fp4.E4M3, s
     """fp4.to_fp8: (FP8 values of x's shape with `dim` contiguous, fp32 tensor scale), from the
     tensor-amax pass and one quantize pass; with a given scale, the quantize pass alone."""
     fp4.check_fp8(fmt, fp8)
-    fp4.check_fp8_given_scale(scale)
+    fp4.check_fp8_given_scale(scale, fp8, rht)
     return _quantize_one(x, fmt, dim, rounding, rht, seed, None, _cfg, fp8=fp8, fp8_scale=scale)
 
 
@@ -1391,7 +1392,7 @@ def quantize_both(x, fmt, fmt_col=None, rounding="rtne", rounding_col=None, rht=
     (row, col); fp8: None, an FP8 dtype for both sides, or one dtype (or None) per side;
     fp8_scale: to_fp8's scale, for both sides or one per side."""
     fmt_r, fmt_c, rr, rc, pr, pc = fp4.quantize_both_args(x, fmt, fmt_col, rht, rht_col, packed, dtype)
-    f8r, f8c, s_row, s_col = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8, fp8_scale)
+    f8r, f8c, s_row, s_col = fp4.check_fp8_sides(fmt_r, fmt_c, pr, pc, fp8, fp8_scale, (rr, rc))
     row = _Side(fmt_r, rounding, rr, seed, x.device, pr, f8r, s_row)
     col = _Side(fmt_c, rounding_col or rounding, rc, seed_col, x.device, pc, f8c, s_col)
     _run(x.contiguous().view(1, *x.shape), row, col, dtype or x.dtype, _cfg)

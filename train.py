@@ -132,6 +132,7 @@ recipe_fp8_wgrad_x = None    # FP8 GEMMs keep Wgrad's x "packed" (the default) o
 recipe_fp8_x_scale = None    # FP8 GEMMs scale Fprop's x by its "amax" (the default) or at "unit" scale (faster)
 recipe_fp8_weight_cache = None  # FP8 GEMMs cache each weight's operands as "fp8" (the default) or "packed" (less memory)
 recipe_fp8_dy_scale = None   # FP8 GEMMs scale dy by its "amax" in every call (the default) or once per "step" (faster)
+recipe_fp8_step_room = None  # under "step": binades of room above the kept amax (6 by default, 0 to 8)
 backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
 sr_bits = 8                  # random bits per stochastic-rounding draw in the Triton kernels: 8 or 16
 # AdamW (fp32 master weights and states)
@@ -173,7 +174,7 @@ NULLABLE = dict(recipe_format=str, recipe_rht=str,
                 recipe_sr_dy=bool, recipe_rht_size=int, recipe_weight_2d=bool,
                 recipe_bf16_first=int, recipe_bf16_last=int, recipe_fp8_gemm=bool,
                 recipe_fp8_fast_accum=str, recipe_fp8_wgrad_x=str, recipe_fp8_x_scale=str,
-                recipe_fp8_weight_cache=str, recipe_fp8_dy_scale=str)
+                recipe_fp8_weight_cache=str, recipe_fp8_dy_scale=str, recipe_fp8_step_room=int)
 CHOICES = dict(wandb_mode=("", "offline", "online", "disabled"),
                mlp=("swiglu", "gelu"), norm=("rmsnorm", "layernorm"), pos_emb=("rope", "learned"),
                router=("softmax", "sigmoid"), backend=("auto", "torch", "triton"), sr_bits=(8, 16),
@@ -1233,9 +1234,11 @@ def skip_nonfinite_step(run, loss, grad_norm):
     what = f"loss {loss}" if not math.isfinite(loss) else f"grad norm {grad_norm} (loss {loss:.4f})"
     hint = ""
     if run.recipe.fp8_dy_scale == "step":  # (make_recipe allows it on FP8 GEMMs only)
-        hint = (" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from the "
-                "step's first (seen in warm-up; likelier with few tokens a micro-step); "
-                "--recipe_fp8_dy_scale=amax finds it in every call]")
+        room, top = run.recipe.fp8_step_room, fp4.max_step_room(run.recipe.rht_size)
+        hint = (f" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from the "
+                f"step's first, with {room} binades of room (seen in warm-up; likelier with few tokens a "
+                f"micro-step); --recipe_fp8_step_room up to {top} makes that rarer, "
+                f"--recipe_fp8_dy_scale=amax finds the scale in every call]")
     run.log(f"iter {run.iter_num}: non-finite {what}: step skipped ({run.bad_in_row} in a row, "
             f"{run.n_nonfinite} in all){hint}")
     if c.nonfinite_policy == "stop" or run.bad_in_row >= c.max_nonfinite:

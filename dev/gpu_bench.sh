@@ -38,8 +38,8 @@
 #            GPU (each cut at CUT seconds, default 280; SEED, default train.py's), and the steps
 #            each skipped (about 145 s on a warm H100)
 #   fp8_dy_step_rooms  the same run with dy's scale per step at each room of ROOMS (default "4 6
-#            8"; fp4.FP8_STEP_ROOM set in a copy of the tree under /tmp) at once, and the steps each
-#            skipped (SEED and CUT as above; about 140 s for 4 rooms on a warm H100)
+#            8"; recipe_fp8_step_room) at once, and the steps each skipped (SEED and CUT as above;
+#            about 140 s for 4 rooms on a warm H100)
 #   loss_chunk  the check of the training loss in chunks (model.linear_cross_entropy), then dense
 #            GPT-2 small's bf16 and mxfp4 on FP8 GEMMs with lm_head's logits whole (loss_chunk=0)
 #            and in chunks (the default), and bf16 in chunks of 2048
@@ -198,17 +198,13 @@ fp8_dy_step_long)
         echo "$how: $(skipped "$OUT/fp8_dy_long_$how.log")" | tee -a "$OUT/bench.log"
     done ;;
 fp8_dy_step_rooms)
-    out_abs=$(cd "$OUT" && pwd); here=$PWD; rooms=${ROOMS:-4 6 8}
+    rooms=${ROOMS:-4 6 8}
     for room in $rooms; do
-        copy=/tmp/nanofp4_room$room; rm -rf "$copy"; mkdir -p "$copy"
-        cp -r ./*.py configs "$copy"/; ln -s "$here/data" "$copy/data"
-        sed -i "s/^FP8_STEP_ROOM = [0-9]*$/FP8_STEP_ROOM = $room/" "$copy/fp4.py"
-        (cd "$copy" && OUT=$out_abs train_run fp8_dy_room$room "${CUT:-280}" $LONG --$S) &
+        train_run fp8_dy_room$room "${CUT:-280}" $LONG --$S --recipe_fp8_step_room=$room &
     done
     wait
     for room in $rooms; do
-        echo "room $room ($(grep '^FP8_STEP_ROOM' "/tmp/nanofp4_room$room/fp4.py")): $(skipped "$OUT/fp8_dy_room$room.log")" \
-            | tee -a "$OUT/bench.log"
+        echo "room $room: $(skipped "$OUT/fp8_dy_room$room.log")" | tee -a "$OUT/bench.log"
     done ;;
 loss_chunk)
     timeout 150 python3 tests/gpu/check_kernels.py --only="loss in chunks" > "$OUT/check_loss.log" 2>&1

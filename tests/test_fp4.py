@@ -589,20 +589,23 @@ def _wgrad_x_forms(x, w, monkeypatch):
     return out
 
 
-def test_step_state_keeps_the_first_amax_with_room_above():
-    """to_fp8 with a step state: the first call after a reset takes x's amax (kept as its bits,
-    the flag cleared) and scales by fp8_scale's 2^FP8_STEP_ROOM above it; later calls reuse it
-    whatever their x, the same values as fake_quant while their blocks fit below that room, NaN
-    blocks (never clipped) past it. A malformed state is an error."""
+@pytest.mark.parametrize("room", [fp4.FP8_STEP_ROOM, 0, fp4.max_step_room()])
+def test_step_state_keeps_the_first_amax_with_room_above(room):
+    """to_fp8 with a step scale (StepScale): the first call after a reset takes x's amax (kept as
+    its state's bits, the flag cleared) and scales by fp8_scale's 2^room above it; later calls
+    reuse it whatever their x, the same values as fake_quant while their blocks fit below that
+    room, NaN blocks (never clipped) past it. A malformed state, a bare one, a room out of range
+    and an e4m3 operand are errors."""
     x = torch.randn(64, 96)
     state = fp4.new_step_state("cpu")
-    v, scale = fp4.to_fp8(x, "mxfp4", fp8=fp4.E5M2, scale=state)
+    step = fp4.StepScale(state, room)
+    v, scale = fp4.to_fp8(x, "mxfp4", fp8=fp4.E5M2, scale=step)
     amax = x.abs().amax()
     assert state[1] == 0 and fp4.step_state_amax(state) == amax
-    assert scale == fp4.fp8_scale(amax, "mxfp4", fp4.E5M2) * 2 ** fp4.FP8_STEP_ROOM
+    assert scale == fp4.fp8_scale(amax, "mxfp4", fp4.E5M2) * 2 ** room
     assert torch.equal(v.float() * scale, fp4.fake_quant(x, "mxfp4", dtype=torch.float32))
-    for mult, fits in ((2 ** fp4.FP8_STEP_ROOM, True), (0.01, True), (2.0 ** (fp4.FP8_STEP_ROOM + 2), False)):
-        v2, s2 = fp4.to_fp8(x * mult, "mxfp4", fp8=fp4.E5M2, scale=state)
+    for mult, fits in ((2 ** room, True), (0.01, True), (2.0 ** (room + 2), False)):
+        v2, s2 = fp4.to_fp8(x * mult, "mxfp4", fp8=fp4.E5M2, scale=step)
         assert s2 == scale and fp4.step_state_amax(state) == amax
         fake = fp4.fake_quant(x * mult, "mxfp4", dtype=torch.float32)
         if fits:
@@ -612,9 +615,43 @@ def test_step_state_keeps_the_first_amax_with_room_above():
             assert got.isnan().any() and torch.equal(got[~got.isnan()], fake[~got.isnan()])
     fp4.reset_step_state(state)
     assert state.tolist() == [0, 1]
-    assert fp4.to_fp8(x * 64, "mxfp4", fp8=fp4.E5M2, scale=state)[1] == scale * 64
+    assert fp4.to_fp8(x * 64, "mxfp4", fp8=fp4.E5M2, scale=step)[1] == scale * 64
     with pytest.raises(ValueError, match="int32 tensor of shape"):
-        fp4.to_fp8(x, "mxfp4", fp8=fp4.E5M2, scale=torch.zeros(2))
+        fp4.to_fp8(x, "mxfp4", fp8=fp4.E5M2, scale=fp4.StepScale(torch.zeros(2)))
+    with pytest.raises(ValueError, match="as StepScale"):
+        fp4.to_fp8(x, "mxfp4", fp8=fp4.E5M2, scale=state)
+    for bad in (-1, fp4.max_step_room() + 1, 6.0, True):
+        with pytest.raises(ValueError, match=f"fp8_step_room must be an int from 0 to {fp4.max_step_room()} "):
+            fp4.to_fp8(x, "mxfp4", fp8=fp4.E5M2, scale=fp4.StepScale(state, bad))
+    with pytest.raises(ValueError, match="from 0 to 10 .* with RHT 16"):  # the RHT's bound takes 2
+        fp4.quantize_both(x, "mxfp4", rht_col=16, fp8=fp4.E5M2, fp8_scale=fp4.StepScale(state, 11))
+    with pytest.raises(ValueError, match="for e5m2 operands"):
+        fp4.to_fp8(x, "mxfp4", fp8=fp4.E4M3, scale=step)
+
+
+def test_fp8_step_room_is_a_recipe_field():
+    """Recipe.fp8_step_room reaches dy's kept scale: dy 2^7 times the step's first micro-step's
+    passes room 6 (NaN in dx: a skipped step) and fits room 8 (the amax scale's gradients bit
+    for bit). It is checked, and given without fp8_dy_scale='step' it is an error."""
+    grads = {}
+    for how, room in (("amax", None), ("step", 6), ("step", 8)):
+        torch.manual_seed(0)
+        r = fp4.make_recipe("mxfp4", fp8_gemm=True, sr_dy=False, fp8_dy_scale=how, fp8_step_room=room)
+        layer = fp4.FP4Linear(64, 32, bias=False, recipe=r)
+        fp4.cache_weights(layer)
+        g = torch.Generator().manual_seed(1)
+        x, dy = torch.randn(64, 64, generator=g, requires_grad=True), torch.randn(64, 32, generator=g)
+        for mult in (1.0, 2.0 ** 7):
+            x.grad = layer.weight.grad = None
+            layer(x).backward(dy * mult)
+        grads[how, room] = (x.grad, layer.weight.grad)
+    assert grads["step", 6][0].isnan().any()  # dx (Wgrad's dy, after its RHT, fits 2 binades more)
+    assert all(torch.equal(a, b) for a, b in zip(grads["step", 8], grads["amax", None]))
+    assert fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_dy_scale="step").fp8_step_room == fp4.FP8_STEP_ROOM
+    with pytest.raises(ValueError, match="add fp8_dy_scale='step'"):
+        fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_step_room=8)
+    with pytest.raises(ValueError, match="fp8_step_room must be an int from 0 to 10"):  # RHT 16's
+        fp4.make_recipe("mxfp4", fp8_gemm=True, fp8_dy_scale="step", fp8_step_room=11)
 
 
 @pytest.mark.parametrize("grouped", [False, True])

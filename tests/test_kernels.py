@@ -1284,20 +1284,21 @@ def _state_bits(state):  # a kept NaN amax as one pattern (the kernels store the
     return torch.cat([torch.where(kept.isnan(), float("nan"), kept).view(torch.int32), state[1:]])
 
 
-def test_step_state_through_kernels(monkeypatch):
-    """kernels.to_fp8 and quantize_both with a step state (fp4.step_fp8_scale): the reference's FP8
-    values, scales and state bit for bit over calls that find the amax, keep it, pass its room
-    (NaN blocks), find it again after a reset (a zero tensor, a NaN, an empty one); a pair shares
-    one state (Dgrad's row side, Wgrad's column side with RHT; RTNE: the kernels' SR draws differ
-    from the reference's) and one amax launch, whose
-    programs leave the state unread once its flag is clear."""
+@pytest.mark.parametrize("room", [fp4.FP8_STEP_ROOM, fp4.max_step_room(16)])
+def test_step_state_through_kernels(monkeypatch, room):
+    """kernels.to_fp8 and quantize_both with a step scale (fp4.StepScale: fp4.step_fp8_scale's),
+    at the default room and the largest with RHT 16: the reference's FP8 values, scales and state bit for bit
+    over calls that find the amax, keep it, pass its room (NaN blocks), find it again after a reset
+    (a zero tensor, a NaN, an empty one); a pair shares one state (Dgrad's row side, Wgrad's column
+    side with RHT; RTNE: the kernels' SR draws differ from the reference's) and one amax launch,
+    whose programs leave the state unread once its flag is clear."""
     launches = []
     real = kernels._flat_amax
     monkeypatch.setattr(kernels, "_flat_amax", lambda *a, **k: launches.append(1) or real(*a, **k))
     base = torch.randn(64, 96, generator=torch.Generator().manual_seed(5))
     nan = base.clone()
     nan[3, 7] = float("nan")
-    past = base * 2.0 ** (fp4.FP8_STEP_ROOM + 4)  # past the room, with the RHT's bound's slack
+    past = base * 2.0 ** (room + 4)  # past the room, with the RHT's bound's slack
     calls = (base, base * 3, past, "reset", past, torch.zeros(64, 96), "reset", nan, "reset", base[:0])
     states = [fp4.new_step_state("cpu") for _ in range(4)]
     for i, x in enumerate(calls):
@@ -1308,8 +1309,9 @@ def test_step_state_through_kernels(monkeypatch):
         got = {}
         for name, mod, (one, pair) in (("ref", fp4, states[:2]), ("kernels", kernels, states[2:])):
             launches.clear()
-            one_out = mod.to_fp8(x, "mxint4", fp8=fp4.E5M2, scale=one, rht=16)
-            pair_out = mod.quantize_both(x, "mxfp4", rht=None, rht_col=16, fp8=fp4.E5M2, fp8_scale=pair)
+            one_out = mod.to_fp8(x, "mxint4", fp8=fp4.E5M2, scale=fp4.StepScale(one, room), rht=16)
+            pair_out = mod.quantize_both(x, "mxfp4", rht=None, rht_col=16, fp8=fp4.E5M2,
+                                         fp8_scale=fp4.StepScale(pair, room))
             got[name] = (one_out, *pair_out, _state_bits(one), _state_bits(pair), len(launches))
         ref, ker = got["ref"], got["kernels"]
         for k, nm in enumerate(("to_fp8", "row", "col")):
