@@ -922,10 +922,10 @@ def _quant_kernel(x_ptr, M,
     writes fake values (FAKE), packed codes + scales (PACKED) or both. With both sides the second
     read of the tile comes from L2 (one pass over HBM). A side's seed is an int, or (SEEDPTR) a
     pointer to an int64 seed in device memory, which a replayed CUDA graph reads afresh.
-    FP8 (a side's FP8_ROOM less fp4.fp8_bound of its RHT and a step scale's room, at least 1; 0: off): the fake values
-    divided by the tensor's power-of-two scale (_fp8_inv, stored in the side's senc) in the
-    output's FP8 dtype; the column side then writes them transposed ([A, N, M]: the blocked dim
-    contiguous, as the FP8 GEMM wants). FIX: a given decode scale's inverse (fp4.to_fp8's scale;
+    FP8 (a side's FP8_ROOM less fp4.fp8_bound of its RHT and a step scale's room, at least 1;
+    0: off): the fake values divided by the tensor's power-of-two scale (_fp8_inv, stored in the
+    side's senc) in the output's FP8 dtype; the column side then writes them transposed ([A, N, M]:
+    the blocked dim contiguous, as the FP8 GEMM wants). FIX: a given decode scale's inverse (fp4.to_fp8's scale;
     0: from the amax); OVER (with FIX, or a step state as the amax): 2^FP8_ROOM, above which a
     block's scale makes it NaN.
     With an e4m3-scaled or FP8 side (its scale from an amax) the tiles go in reverse launch

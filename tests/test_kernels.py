@@ -1287,11 +1287,11 @@ def _state_bits(state):  # a kept NaN amax as one pattern (the kernels store the
 @pytest.mark.parametrize("room", [fp4.FP8_STEP_ROOM, fp4.max_step_room(16)])
 def test_step_state_through_kernels(monkeypatch, room):
     """kernels.to_fp8 and quantize_both with a step scale (fp4.StepScale: fp4.step_fp8_scale's),
-    at the default room and the largest with RHT 16: the reference's FP8 values, scales and state bit for bit
-    over calls that find the amax, keep it, pass its room (NaN blocks), find it again after a reset
-    (a zero tensor, a NaN, an empty one); a pair shares one state (Dgrad's row side, Wgrad's column
-    side with RHT; RTNE: the kernels' SR draws differ from the reference's) and one amax launch,
-    whose programs leave the state unread once its flag is clear."""
+    at the default room and at the largest with RHT 16: the reference's FP8 values, scales and
+    state bit for bit over calls that find the amax, keep it, pass its room (NaN blocks), find it
+    again after a reset (a zero tensor, a NaN, an empty one); a pair shares one state (Dgrad's row
+    side, Wgrad's column side with RHT; RTNE: the kernels' SR draws differ from the reference's)
+    and one amax launch, whose programs leave the state unread once its flag is clear."""
     launches = []
     real = kernels._flat_amax
     monkeypatch.setattr(kernels, "_flat_amax", lambda *a, **k: launches.append(1) or real(*a, **k))
