@@ -575,6 +575,12 @@ class StepScale:
     state: torch.Tensor
     room: int = FP8_STEP_ROOM
 
+    def __post_init__(self):
+        s = self.state
+        if not (isinstance(s, torch.Tensor) and s.dtype == torch.int32 and s.shape == (2,)
+                and s.is_contiguous()):
+            raise ValueError(f"an FP8 step state is new_step_state's int32 tensor of shape (2,), got {s!r}")
+
 def is_step_state(scale):
     return isinstance(scale, StepScale)
 
@@ -645,13 +651,7 @@ def check_fp8_given_scale(scale, fp8, rht=None):
     as a constant)."""
     if isinstance(scale, torch.Tensor):
         raise ValueError("a step state goes to to_fp8 as StepScale(state, room), not bare")
-    if is_step_state(scale):
-        state = scale.state
-        if not isinstance(state, torch.Tensor) or state.dtype != torch.int32 or state.shape != (2,) \
-                or not state.is_contiguous():
-            raise ValueError(f"an FP8 step state is new_step_state's int32 tensor of shape (2,), got "
-                             f"{getattr(state, 'dtype', type(state).__name__)} of shape "
-                             f"{tuple(getattr(state, 'shape', ()))}")
+    if is_step_state(scale):  # (its state is checked where it is made)
         check_step_room(scale.room, rht)
         if fp8 != E5M2:
             raise ValueError(f"a StepScale is for e5m2 operands (dy), whose window has its room; got {fp8}")
