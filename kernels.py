@@ -1221,6 +1221,32 @@ class _Side:
         self.seed = _seed(seed, device) if rounding == "sr" else 0
 
 
+def _side_amaxes(x3, row, col):
+    """({side: its tensor amax, or its step state}, the step-scaled sides), before the kernel runs.
+
+    NVFP4 sides take the amax after their RHT (one pass over x for both, shared when equal); FP8
+    sides the amax before any RHT (fp4.fp8_scale bounds what it adds), in one plain pass."""
+    nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
+    fp8 = [s for s in (row, col) if s is not None and s.fp8 and s.fp8_scale is None]
+    step = [s for s in (row, col) if s is not None and s.fp8 and fp4.is_step_state(s.fp8_scale)]
+    amaxes = {}
+    if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
+        amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
+                                                col_fmt=col.fmt)
+    elif nv:
+        first = nv[0]
+        amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
+        amaxes = {s: amax for s in nv}
+    if fp8:
+        amax = _flat_amax(x3)
+        amaxes.update({s: amax for s in fp8})
+    for s in step:  # one pass per state, where its flag asks (a pair shares its state)
+        if not any(amaxes.get(o) is s.fp8_scale.state for o in step):
+            _flat_amax(x3, state=s.fp8_scale.state)
+        amaxes[s] = s.fp8_scale.state
+    return amaxes, step
+
+
 def _run(x3, row, col, out_dtype, cfg=None):
     """x3 [A, M, N] contiguous; row/col: _Side or None. Fills each side's outputs."""
     A, M, N = x3.shape
@@ -1245,26 +1271,7 @@ def _run(x3, row, col, out_dtype, cfg=None):
     if fake_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         fake_dtype = torch.float32
     dummy = torch.empty(1, device=dev, dtype=torch.float32)
-    # the tensor amax: of NVFP4 sides after their RHT (one pass over x for both, shared when
-    # equal); of FP8 sides before any RHT (fp4.fp8_scale bounds what it adds), one plain pass
-    nv = [s for s in (row, col) if s is not None and s.fmt.scale == "e4m3"]
-    fp8 = [s for s in (row, col) if s is not None and s.fp8 and s.fp8_scale is None]
-    step = [s for s in (row, col) if s is not None and s.fp8 and fp4.is_step_state(s.fp8_scale)]
-    amaxes = {}
-    if len(nv) == 2 and (row.rht or col.rht):  # the RHT differs by orientation
-        amaxes[row], amaxes[col] = _tensor_amax(x3, row.fmt, row.rht, False, col_rht=col.rht or 0,
-                                                col_fmt=col.fmt)
-    elif nv:
-        first = nv[0]
-        amax = _tensor_amax(x3, first.fmt, first.rht, first is col and bool(first.rht))
-        amaxes = {s: amax for s in nv}
-    if fp8:
-        amax = _flat_amax(x3)
-        amaxes.update({s: amax for s in fp8})
-    for s in step:  # one pass per state, where its flag asks (a pair shares its state)
-        if not any(amaxes.get(o) is s.fp8_scale.state for o in step):
-            _flat_amax(x3, state=s.fp8_scale.state)
-        amaxes[s] = s.fp8_scale.state
+    amaxes, step = _side_amaxes(x3, row, col)
     args = []
     for side, col_side in ((row, False), (col, True)):
         if side is None:
