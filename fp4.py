@@ -1595,6 +1595,14 @@ class GroupedLinear(_Quantized, nn.Module):
         g, o, i = self.weight.shape
         return f"groups={g}, in_features={i}, out_features={o}, recipe={self.recipe.name}"
 
+def reset_dy_scales(model):
+    """Each quantized layer's next backward finds dy's step scale afresh (_Quantized.reset_dy_state:
+    Recipe.fp8_dy_scale "step"). cache_weights calls it after every weight change; train.py also
+    between micro-steps in warm-up, where a layer's dy rose past the room within one step."""
+    for m in model.modules():
+        if isinstance(m, _Quantized):
+            m.reset_dy_state()
+
 def cache_weights(model):
     """Quantizes each FP4Linear's weight once for the calls until it changes, where the layer
     can keep it (FP4Linear.cache_weight: FP8 GEMMs, round-to-nearest weights): micro-steps of
@@ -1602,11 +1610,9 @@ def cache_weights(model):
     the weights (train.py: at the start and after each optimizer step). An eager call after a
     change without it is an error; compiled code cannot check, and would use the stale copy, as
     does an eager call after an in-place write through weight.data, which torch does not count.
-    Also resets each quantized layer's dy scale (_Quantized.reset_dy_state: Recipe.fp8_dy_scale
-    "step"). Returns the number of layers that cache."""
-    for m in model.modules():
-        if isinstance(m, _Quantized):
-            m.reset_dy_state()
+    Also resets each quantized layer's dy scale (reset_dy_scales). Returns the number of layers
+    that cache."""
+    reset_dy_scales(model)
     return sum(m.cache_weight() for m in model.modules() if isinstance(m, FP4Linear))
 
 class WeightCache:

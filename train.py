@@ -1164,7 +1164,9 @@ def forward_backward(run):
     """accum micro-steps; the mean loss (all-reduced under DDP), gradients accumulated, and the
     MoE's stats over the same micro-steps and ranks (run.moe_stats)."""
     c, loss_sum, moe = run.c, torch.zeros((), device=run.c.device), None
-    for _ in range(run.accum):
+    for micro in range(run.accum):
+        if micro and rearms_dy_scales(run):
+            fp4.reset_dy_scales(run.raw_model)
         x, y = run.train_loader.next_batch()
         if run.rank == c.debug_fail_rank and run.iter_num == c.debug_fail_at_iter:
             raise RuntimeError(f"debug_fail_at_iter: rank {run.rank} fails at iter {run.iter_num}")
@@ -1184,6 +1186,13 @@ def forward_backward(run):
     if run.ddp and run.flat_grad is not None:   # (FSDP2 has reduce-scattered its gradients)
         run.all_reduce_mean(run.flat_grad)
     return loss_sum.item() / run.accum
+
+
+def rearms_dy_scales(run):
+    """Under dy's step scale, warm-up finds it afresh in every micro-step: only there did a layer's
+    dy rise past the room within one step (docs/formats.md). After warm-up, once a step. Not under
+    fsdp, whose layers keep the amax scale."""
+    return run.recipe.fp8_dy_scale == "step" and run.iter_num < run.c.warmup_iters and not run.c.fsdp
 
 
 def train_step(run, lr):
@@ -1233,11 +1242,11 @@ def skip_nonfinite_step(run, loss, grad_norm):
     run.record(dict(type="nonfinite", iter=run.iter_num, loss=loss, grad_norm=grad_norm))
     what = f"loss {loss}" if not math.isfinite(loss) else f"grad norm {grad_norm} (loss {loss:.4f})"
     hint = ""
-    if run.recipe.fp8_dy_scale == "step":  # (make_recipe allows it on FP8 GEMMs only)
+    if run.recipe.fp8_dy_scale == "step" and run.accum > 1 and not rearms_dy_scales(run):
         room, top = run.recipe.fp8_step_room, fp4.max_step_room(run.recipe.rht_size)
         hint = (f" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from the "
-                f"step's first, with {room} binades of room (seen in warm-up; likelier with few tokens a "
-                f"micro-step); --recipe_fp8_step_room up to {top} makes that rarer, "
+                f"step's first, with {room} binades of room (likelier with few tokens a micro-step); "
+                f"--recipe_fp8_step_room up to {top} makes that rarer, "
                 f"--recipe_fp8_dy_scale=amax finds the scale in every call]")
     run.log(f"iter {run.iter_num}: non-finite {what}: step skipped ({run.bad_in_row} in a row, "
             f"{run.n_nonfinite} in all){hint}")
