@@ -131,8 +131,9 @@ recipe_fp8_fast_accum = None # FP8 GEMMs in fast accumulation ("all", "none", "f
 recipe_fp8_wgrad_x = None    # FP8 GEMMs keep Wgrad's x "packed" (the default) or as "fp8" (faster, more memory)
 recipe_fp8_x_scale = None    # FP8 GEMMs scale Fprop's x by its "amax" (the default) or at "unit" scale (faster)
 recipe_fp8_weight_cache = None  # FP8 GEMMs cache each weight's operands as "fp8" (the default) or "packed" (less memory)
-recipe_fp8_dy_scale = None   # FP8 GEMMs scale dy by its "amax" in every call (the default) or once per "step" (faster)
-recipe_fp8_step_room = None  # under "step": binades of room above the kept amax (6 by default, 0 to 8)
+recipe_fp8_dy_scale = None   # FP8 GEMMs scale dy by its "amax" in every call (the default) or once per "step" (faster;
+                             # warm-up finds it in every micro-step)
+recipe_fp8_step_room = None  # under "step": binades of room above the kept amax (6 by default; at most 10 with RHT 16)
 backend = "auto"             # fp4 backend: "auto", "torch" or "triton"
 sr_bits = 8                  # random bits per stochastic-rounding draw in the Triton kernels: 8 or 16
 # AdamW (fp32 master weights and states)
@@ -1165,7 +1166,7 @@ def forward_backward(run):
     MoE's stats over the same micro-steps and ranks (run.moe_stats)."""
     c, loss_sum, moe = run.c, torch.zeros((), device=run.c.device), None
     for micro in range(run.accum):
-        if micro and rearms_dy_scales(run):
+        if micro and rearms_dy_scales(run):  # (after the first: cache_weights reset them)
             fp4.reset_dy_scales(run.raw_model)
         x, y = run.train_loader.next_batch()
         if run.rank == c.debug_fail_rank and run.iter_num == c.debug_fail_at_iter:
@@ -1189,10 +1190,11 @@ def forward_backward(run):
 
 
 def rearms_dy_scales(run):
-    """Under dy's step scale, warm-up finds it afresh in every micro-step: only there did a layer's
-    dy rise past the room within one step (docs/formats.md). After warm-up, once a step. Not under
-    fsdp, whose layers keep the amax scale."""
-    return run.recipe.fp8_dy_scale == "step" and run.iter_num < run.c.warmup_iters and not run.c.fsdp
+    """Under dy's step scale, warm-up finds it afresh in every micro-step: each skip measured came
+    from a layer's dy rising past the room within a warm-up step (docs/formats.md). After warm-up,
+    once a step. Not under fsdp, whose layers keep the amax scale."""
+    c = run.c
+    return run.recipe.fp8_dy_scale == "step" and run.iter_num < c.warmup_iters and not c.fsdp
 
 
 def train_step(run, lr):
@@ -1242,11 +1244,12 @@ def skip_nonfinite_step(run, loss, grad_norm):
     run.record(dict(type="nonfinite", iter=run.iter_num, loss=loss, grad_norm=grad_norm))
     what = f"loss {loss}" if not math.isfinite(loss) else f"grad norm {grad_norm} (loss {loss:.4f})"
     hint = ""
-    if run.recipe.fp8_dy_scale == "step" and run.accum > 1 and not rearms_dy_scales(run):
+    kept = run.recipe.fp8_dy_scale == "step" and not run.c.fsdp  # (FP8 GEMMs only: make_recipe)
+    if kept and run.accum > 1 and not rearms_dy_scales(run):
         room, top = run.recipe.fp8_step_room, fp4.max_step_room(run.recipe.rht_size)
-        hint = (f" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from the "
-                f"step's first, with {room} binades of room (likelier with few tokens a micro-step); "
-                f"--recipe_fp8_step_room up to {top} makes that rarer, "
+        hint = (f" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from "
+                f"the step's first, with {room} binades of room (likelier with few tokens a "
+                f"micro-step); --recipe_fp8_step_room up to {top} makes that rarer, "
                 f"--recipe_fp8_dy_scale=amax finds the scale in every call]")
     run.log(f"iter {run.iter_num}: non-finite {what}: step skipped ({run.bad_in_row} in a row, "
             f"{run.n_nonfinite} in all){hint}")

@@ -888,26 +888,29 @@ def test_nonfinite_skip_names_the_step_dy_scale(ds, tmp_path, capsys):
         assert len(skipped) == 1 and ("--recipe_fp8_dy_scale=amax" in skipped[0]) == named, skipped
 
 def test_step_dy_scale_found_afresh_each_micro_step_in_warmup(ds, tmp_path, capsys, monkeypatch):
-    """Under recipe_fp8_dy_scale=step, warm-up resets the layers' dy scales before every micro-step
-    after the first (cache_weights resets them before the first), and after warm-up does not; a
-    step skipped in warm-up then does not blame the room. Other dy scales reset nothing."""
-    resets, reset = [], fp4.reset_dy_scales
+    """Under recipe_fp8_dy_scale=step, every layer's first backward call of every micro-step of
+    warm-up finds dy's scale afresh (its state's flag set), after warm-up only the step's first
+    micro-step's; a step skipped in warm-up, or with one micro-step, does not blame the room."""
+    fresh, states, scale = [], set(), fp4.step_fp8_scale
 
-    def spy(model):
-        caller = sys._getframe(1)
-        if caller.f_code.co_name == "forward_backward":
-            resets.append(caller.f_locals["run"].iter_num)
-        return reset(model)
+    def spy(state, *args, **kw):
+        states.add(state.data_ptr())
+        fresh.append(int(state[1]))
+        return scale(state, *args, **kw)
 
-    monkeypatch.setattr(fp4, "reset_dy_scales", spy)
-    fp8 = dict(recipe="mxfp4", recipe_fp8_gemm=True, gradient_accumulation_steps=3, max_iters=4,
-               warmup_iters=2, debug_nan_at_iter=1, debug_nan_iters=1)
-    for how, want in (("step", [0, 0, 1, 1]), ("amax", [])):
-        resets.clear()
-        run(ds, tmp_path / how, recipe_fp8_dy_scale=how, **fp8)
-        assert resets == want
-        skipped = [line for line in capsys.readouterr().out.splitlines() if "step skipped" in line]
-        assert len(skipped) == 1 and "--recipe_fp8_step_room" not in skipped[0], skipped
+    monkeypatch.setattr(fp4, "step_fp8_scale", spy)
+    fp8 = dict(recipe="mxfp4", recipe_fp8_gemm=True, max_iters=4, warmup_iters=2, debug_nan_iters=1)
+    run(ds, tmp_path / "a", recipe_fp8_dy_scale="step", gradient_accumulation_steps=3,
+        debug_nan_at_iter=1, **fp8)
+    assert states and sum(fresh) == len(states) * (2 * 3 + 2 * 1)  # warm-up: 3 a step; then 1
+    run(ds, tmp_path / "b", recipe_fp8_dy_scale="step", gradient_accumulation_steps=1,
+        debug_nan_at_iter=2, **fp8)
+    fresh.clear()
+    run(ds, tmp_path / "c", recipe_fp8_dy_scale="amax", gradient_accumulation_steps=3,
+        debug_nan_at_iter=1, **fp8)
+    assert not fresh
+    skipped = [line for line in capsys.readouterr().out.splitlines() if "step skipped" in line]
+    assert len(skipped) == 3 and not any("--recipe_fp8_step_room" in line for line in skipped), skipped
 
 @pytest.mark.parametrize("policy, nan_iters", [("stop", 1), ("skip", 3)])
 def test_nonfinite_stop_keeps_last_good_checkpoint(ds, tmp_path, policy, nan_iters):
