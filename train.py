@@ -1189,12 +1189,17 @@ def forward_backward(run):
     return loss_sum.item() / run.accum
 
 
+def keeps_dy_scale(run):
+    """Whether the layers keep dy's FP8 scale across micro-steps (recipe_fp8_dy_scale=step; FP8
+    GEMMs only: make_recipe). Not under fsdp, whose layers keep the amax scale."""
+    return run.recipe.fp8_dy_scale == "step" and not run.c.fsdp
+
+
 def rearms_dy_scales(run):
     """Under dy's step scale, warm-up finds it afresh in every micro-step: each skip measured came
     from a layer's dy rising past the room within a warm-up step (docs/formats.md). After warm-up,
-    once a step. Not under fsdp, whose layers keep the amax scale."""
-    c = run.c
-    return run.recipe.fp8_dy_scale == "step" and run.iter_num < c.warmup_iters and not c.fsdp
+    once a step."""
+    return keeps_dy_scale(run) and run.iter_num < run.c.warmup_iters
 
 
 def train_step(run, lr):
@@ -1244,8 +1249,7 @@ def skip_nonfinite_step(run, loss, grad_norm):
     run.record(dict(type="nonfinite", iter=run.iter_num, loss=loss, grad_norm=grad_norm))
     what = f"loss {loss}" if not math.isfinite(loss) else f"grad norm {grad_norm} (loss {loss:.4f})"
     hint = ""
-    kept = run.recipe.fp8_dy_scale == "step" and not run.c.fsdp  # (FP8 GEMMs only: make_recipe)
-    if kept and run.accum > 1 and not rearms_dy_scales(run):
+    if keeps_dy_scale(run) and run.accum > 1 and not rearms_dy_scales(run):
         room, top = run.recipe.fp8_step_room, fp4.max_step_room(run.recipe.rht_size)
         hint = (f" [recipe_fp8_dy_scale=step: a micro-step's dy may have outgrown the scale kept from "
                 f"the step's first, with {room} binades of room (likelier with few tokens a "
